@@ -1,0 +1,435 @@
+//! mt-agent's eBPF programs.
+//!
+//! * `mt_entry`: a uprobe on the trigger function's entry (or `--offset`).
+//! * `mt_return`: a plain uprobe on each `ret` instruction of a
+//!   `--slower-than` trigger (never a uretprobe unless `--use-uretprobe`,
+//!   in which case it is attached as one).
+//!
+//! Both find their trigger's settings through the attach cookie, which is the
+//! trigger's index into `CONFIG`, `STATE` and `COUNTERS`. Filters run in a
+//! fixed order: tid, when, duration, every, rate, cooldown. A hit that passes
+//! them all is pushed into the `HITS` ring buffer; a hit that fails one only
+//! bumps that filter's counter, so it costs no wakeup and no userspace work.
+//!
+//! Shared state is updated with BPF atomics (fetch-add, compare-exchange),
+//! which need BPF CPU v3; `agent/build.rs` builds this crate with
+//! `-C target-cpu=v3`. Counters are per-CPU slots bumped with atomic adds,
+//! because a uprobe program can be preempted on this kernel.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+// Stable `AtomicU64` has no read-modify-write methods on the BPF target
+// (`target_has_atomic = "64"` is off there), so use the intrinsics directly.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
+
+#[cfg(target_arch = "bpf")]
+mod prog {
+    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
+
+    use agent_common::{
+        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, Cond, Counter, DEFAULT_RING_BYTES, Frame,
+        FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_TIDS, MAX_TRIGGERS,
+        NARGS, NCOUNTERS, TriggerConfig, TriggerState,
+    };
+    use aya_ebpf::{
+        EbpfContext,
+        bindings::pt_regs,
+        helpers::{
+            bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+            bpf_probe_read_user, generated::bpf_get_attach_cookie,
+        },
+        macros::{map, uprobe, uretprobe},
+        maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+        programs::{ProbeContext, RetProbeContext},
+    };
+    use aya_log_ebpf::{debug, warn};
+
+    /// Settings per trigger, written by userspace before attaching.
+    #[map]
+    static CONFIG: Array<TriggerConfig> = Array::with_max_entries(MAX_TRIGGERS, 0);
+
+    /// Mutable filter state per trigger (`--every`, `--max-rate`, cooldown).
+    #[map]
+    static STATE: Array<TriggerState> = Array::with_max_entries(MAX_TRIGGERS, 0);
+
+    /// `Counter` slots, `NCOUNTERS` per trigger, per CPU.
+    #[map]
+    static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_TRIGGERS * NCOUNTERS, 0);
+
+    /// Accepted hits, read by the agent. Userspace may resize it at load time.
+    #[map]
+    static HITS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+    /// Open `--slower-than` calls per trigger and thread (or goroutine).
+    #[map]
+    static FRAMES: LruHashMap<FrameKey, FrameStack> = LruHashMap::with_max_entries(4096, 0);
+
+    /// An all-zero `FrameStack` to insert from: it is too large for the
+    /// 512-byte BPF stack.
+    #[map]
+    static EMPTY_FRAMES: PerCpuArray<FrameStack> = PerCpuArray::with_max_entries(1, 0);
+
+    #[unsafe(link_section = "license")]
+    #[unsafe(no_mangle)]
+    static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        loop {}
+    }
+
+    #[uprobe]
+    pub fn mt_entry(ctx: ProbeContext) -> u32 {
+        on_entry(&ctx, ctx.regs);
+        0
+    }
+
+    #[uprobe]
+    pub fn mt_return(ctx: ProbeContext) -> u32 {
+        on_return(&ctx, ctx.regs, false);
+        0
+    }
+
+    #[uretprobe]
+    pub fn mt_uretprobe(ctx: RetProbeContext) -> u32 {
+        on_return(&ctx, ctx.regs, true);
+        0
+    }
+
+    /// Atomic add that returns the previous value (BPF_ATOMIC | BPF_FETCH).
+    ///
+    /// # Safety
+    /// `slot` must point at a live, 8-byte aligned map value.
+    #[inline(always)]
+    unsafe fn fetch_add(slot: *mut u64, value: u64) -> u64 {
+        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(slot, value) }
+    }
+
+    /// Atomic compare-exchange (BPF_CMPXCHG); true when `new` was stored.
+    ///
+    /// # Safety
+    /// As for [`fetch_add`].
+    #[inline(always)]
+    unsafe fn compare_exchange(slot: *mut u64, old: u64, new: u64) -> bool {
+        unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(slot, old, new) }.1
+    }
+
+    #[inline(always)]
+    fn bump(trigger: u32, counter: Counter) {
+        if let Some(slot) = COUNTERS.get_ptr_mut(trigger * NCOUNTERS + counter as u32) {
+            // SAFETY: a map value lives as long as the map; the atomic add
+            // keeps the count exact when the program is preempted.
+            unsafe { fetch_add(slot, 1) };
+        }
+    }
+
+    #[inline(always)]
+    fn trigger_of<C: EbpfContext>(ctx: &C) -> Option<(u32, &'static TriggerConfig)> {
+        // SAFETY: the helper only reads the attach cookie of the running link.
+        let trigger = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+        if trigger >= MAX_TRIGGERS {
+            return None;
+        }
+        let cfg = CONFIG.get(trigger)?;
+        if cfg.flags & CFG_ENABLED == 0 {
+            return None;
+        }
+        Some((trigger, cfg))
+    }
+
+    #[inline(always)]
+    fn read_args(regs: &pt_regs, go_abi: bool) -> [u64; NARGS] {
+        if go_abi {
+            // Go's internal register ABI: RAX, RBX, RCX, RDI, RSI, R8, ...
+            [regs.rax, regs.rbx, regs.rcx, regs.rdi, regs.rsi, regs.r8]
+        } else {
+            // x86-64 SysV: RDI, RSI, RDX, RCX, R8, R9.
+            [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9]
+        }
+    }
+
+    #[inline(always)]
+    fn tid_ok(cfg: &TriggerConfig, tid: u32) -> bool {
+        let n = cfg.n_tids as usize;
+        if n == 0 {
+            return true;
+        }
+        let mut i = 0;
+        while i < MAX_TIDS {
+            if i >= n {
+                break;
+            }
+            if cfg.tids[i] == tid {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    #[inline(always)]
+    fn cond_holds(c: &Cond, args: &[u64; NARGS]) -> bool {
+        let a = args[(c.arg as usize) % NARGS];
+        let v = c.value;
+        let (lt, eq) = if c.signed != 0 {
+            ((a as i64) < (v as i64), a == v)
+        } else {
+            (a < v, a == v)
+        };
+        match c.op {
+            0 => eq,
+            1 => !eq,
+            2 => lt,
+            3 => lt || eq,
+            4 => !lt && !eq,
+            5 => !lt,
+            6 => a & v != 0,
+            _ => false,
+        }
+    }
+
+    #[inline(always)]
+    fn when_ok(cfg: &TriggerConfig, args: &[u64; NARGS]) -> bool {
+        let n = cfg.n_conds as usize;
+        let mut i = 0;
+        while i < MAX_CONDS {
+            if i >= n {
+                break;
+            }
+            if !cond_holds(&cfg.conds[i], args) {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+
+    /// Takes the slot if `now` is at or past its deadline, moving the
+    /// deadline to `now + interval_ns`. A compare-exchange makes this exact
+    /// when two CPUs try at the same instant: only one wins.
+    #[inline(always)]
+    fn claim(slot: *mut u64, now: u64, interval_ns: u64) -> bool {
+        // SAFETY: `slot` points into a map value that lives as long as the map.
+        let next = unsafe { core::ptr::read_volatile(slot) };
+        if now < next {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { compare_exchange(slot, next, now + interval_ns) }
+    }
+
+    /// The part of the chain shared by entry and return: every, rate,
+    /// cooldown, then the ring buffer.
+    #[inline(always)]
+    fn accept<C: EbpfContext>(ctx: &C, trigger: u32, cfg: &TriggerConfig, hit: &Hit) {
+        let Some(state) = STATE.get_ptr_mut(trigger) else {
+            return;
+        };
+        let now = hit.ktime_ns;
+        if cfg.every > 1 {
+            // SAFETY: `state` is a valid map value pointer.
+            let n = unsafe { fetch_add(&raw mut (*state).every_count, 1) } + 1;
+            if n % cfg.every != 0 {
+                bump(trigger, Counter::DropEvery);
+                return;
+            }
+        }
+        // SAFETY: `state` is a valid map value pointer.
+        if cfg.rate_interval_ns > 0
+            && !claim(unsafe { &raw mut (*state).rate_next_ns }, now, cfg.rate_interval_ns)
+        {
+            bump(trigger, Counter::DropRate);
+            return;
+        }
+        // SAFETY: `state` is a valid map value pointer.
+        if cfg.cooldown_ns > 0
+            && !claim(unsafe { &raw mut (*state).cooldown_next_ns }, now, cfg.cooldown_ns)
+        {
+            bump(trigger, Counter::DropCooldown);
+            return;
+        }
+        bump(trigger, Counter::Accepted);
+        match HITS.reserve::<Hit>(0) {
+            Some(mut entry) => {
+                entry.write(*hit);
+                entry.submit(0);
+                debug!(ctx, "mt-agent: hit accepted, trigger {} tid {}", trigger, hit.tid);
+            }
+            None => {
+                bump(trigger, Counter::Lost);
+                warn!(ctx, "mt-agent: ring buffer full, hit lost, trigger {}", trigger);
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn new_hit(trigger: u32, pid_tgid: u64, now: u64, args: [u64; NARGS]) -> Hit {
+        Hit {
+            ktime_ns: now,
+            tgid: (pid_tgid >> 32) as u32,
+            tid: pid_tgid as u32,
+            // SAFETY: helper without arguments.
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            trigger,
+            args,
+            duration_ns: 0,
+            retval: 0,
+            flags: 0,
+        }
+    }
+
+    /// Identity of the current thread (SysV) or goroutine (Go), and the
+    /// position of the current frame on its stack, as a number that grows
+    /// with depth: for SysV `!rsp`; for Go, `g.stack.hi - rsp`, which stays
+    /// the same when the runtime moves the goroutine's stack.
+    #[inline(always)]
+    fn frame_position(regs: &pt_regs, go_abi: bool, pid_tgid: u64) -> Option<(u64, u64)> {
+        if go_abi {
+            let g = regs.r14;
+            // runtime.g starts with `stack struct { lo, hi uintptr }`.
+            // SAFETY: bpf_probe_read_user copes with any address.
+            let hi: u64 = unsafe { bpf_probe_read_user((g + 8) as *const u64) }.ok()?;
+            Some((g, hi.wrapping_sub(regs.rsp)))
+        } else {
+            Some((pid_tgid, !regs.rsp))
+        }
+    }
+
+    fn on_entry<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Option<()> {
+        let (trigger, cfg) = trigger_of(ctx)?;
+        bump(trigger, Counter::Seen);
+        let pid_tgid = bpf_get_current_pid_tgid();
+        if !tid_ok(cfg, pid_tgid as u32) {
+            bump(trigger, Counter::DropTid);
+            return None;
+        }
+        // SAFETY: the kernel hands uprobe programs a valid pt_regs.
+        let regs = unsafe { &*regs };
+        let go_abi = cfg.flags & CFG_GO_ABI != 0;
+        let args = read_args(regs, go_abi);
+        if !when_ok(cfg, &args) {
+            bump(trigger, Counter::DropWhen);
+            return None;
+        }
+        // SAFETY: helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        if cfg.flags & CFG_AT_RETURN == 0 {
+            accept(ctx, trigger, cfg, &new_hit(trigger, pid_tgid, now, args));
+            return Some(());
+        }
+
+        // --slower-than: remember the call; the return probe decides.
+        let Some((id, pos)) = frame_position(regs, go_abi, pid_tgid) else {
+            bump(trigger, Counter::DropNoReturn);
+            return None;
+        };
+        let key = FrameKey {
+            id,
+            trigger,
+            _pad: 0,
+        };
+        let stack = match FRAMES.get_ptr_mut(&key) {
+            Some(stack) => stack,
+            None => {
+                let empty = EMPTY_FRAMES.get_ptr(0)?;
+                // SAFETY: `empty` is a valid per-CPU map value.
+                FRAMES.insert(&key, unsafe { &*empty }, 0).ok()?;
+                FRAMES.get_ptr_mut(&key)?
+            }
+        };
+        // SAFETY: map value pointer, only this thread (goroutine) touches it.
+        let stack = unsafe { &mut *stack };
+        // Frames at this depth or deeper belong to calls that have already
+        // left without passing a probed `ret`.
+        let mut i = 0;
+        while i < MAX_DEPTH {
+            let depth = stack.depth as usize;
+            if depth == 0 || depth > MAX_DEPTH {
+                break;
+            }
+            if stack.frames[depth - 1].sp < pos {
+                break;
+            }
+            stack.depth -= 1;
+            bump(trigger, Counter::DropNoReturn);
+            i += 1;
+        }
+        let depth = stack.depth as usize;
+        if depth >= MAX_DEPTH {
+            bump(trigger, Counter::DropNoReturn);
+            return None;
+        }
+        stack.frames[depth] = Frame {
+            sp: pos,
+            entry_ns: now,
+            args,
+        };
+        stack.depth += 1;
+        Some(())
+    }
+
+    fn on_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, after_ret: bool) -> Option<()> {
+        let (trigger, cfg) = trigger_of(ctx)?;
+        // SAFETY: the kernel hands uprobe programs a valid pt_regs.
+        let regs = unsafe { &*regs };
+        let go_abi = cfg.flags & CFG_GO_ABI != 0;
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let (id, mut pos) = frame_position(regs, go_abi, pid_tgid)?;
+        // A uretprobe runs after the return: the stack pointer has moved up
+        // past the return address, one slot above where the entry saw it.
+        // A plain uprobe on `ret` sees the same value as the entry did.
+        if after_ret {
+            // SysV position is !rsp, Go's is hi - rsp: both shrink by 8 when
+            // rsp grows by 8.
+            pos = pos.wrapping_sub(8);
+        }
+        let key = FrameKey {
+            id,
+            trigger,
+            _pad: 0,
+        };
+        let stack = FRAMES.get_ptr_mut(&key)?;
+        // SAFETY: as in `on_entry`.
+        let stack = unsafe { &mut *stack };
+        let mut i = 0;
+        let mut found: Option<Frame> = None;
+        while i < MAX_DEPTH {
+            let depth = stack.depth as usize;
+            if depth == 0 || depth > MAX_DEPTH {
+                break;
+            }
+            let top = stack.frames[depth - 1];
+            if top.sp < pos {
+                // An outer call: this return is not one we saw enter.
+                break;
+            }
+            stack.depth -= 1;
+            if top.sp == pos {
+                found = Some(top);
+                break;
+            }
+            // Deeper than us: that call left without a probed `ret`.
+            bump(trigger, Counter::DropNoReturn);
+            i += 1;
+        }
+        let frame = found?;
+        // SAFETY: helper without arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        let duration_ns = now.saturating_sub(frame.entry_ns);
+        if duration_ns < cfg.slower_than_ns {
+            bump(trigger, Counter::DropDuration);
+            return None;
+        }
+        let mut hit = new_hit(trigger, pid_tgid, now, frame.args);
+        hit.duration_ns = duration_ns;
+        hit.retval = regs.rax;
+        hit.flags = HIT_AT_RETURN;
+        accept(ctx, trigger, cfg, &hit);
+        Some(())
+    }
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    // Only meaningful for the BPF target; see agent/build.rs.
+}

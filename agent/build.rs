@@ -1,0 +1,93 @@
+//! Builds the eBPF programs (`agent-ebpf`) for `bpfel-unknown-none` and puts
+//! the object in `OUT_DIR/mt-agent-ebpf`, which `src/probe.rs` embeds.
+//!
+//! This is our own build step rather than `aya_build::build_ebpf`, because
+//! aya-build 0.2.0 overwrites `CARGO_ENCODED_RUSTFLAGS` and so cannot pass
+//! `-C target-cpu=v3`, which the programs need for BPF compare-exchange and
+//! fetch-add (see `shared/docs/ebpf-build.md`). Otherwise it does the same:
+//! `cargo +nightly build -Z build-std=core --target bpfel-unknown-none
+//! --release` into a target directory of its own (cargo would deadlock on the
+//! outer build's lock), with BTF for the loader.
+//!
+//! Needs the nightly toolchain with `rust-src`, and `bpf-linker` on PATH;
+//! `cargo xtask setup` installs both.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+const EBPF_PACKAGE: &str = "agent-ebpf";
+const EBPF_BIN: &str = "mt-agent-ebpf";
+const TARGET: &str = "bpfel-unknown-none";
+
+fn main() {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
+    let workspace = manifest_dir.parent().expect("workspace root");
+    let ebpf_dir = workspace.join(EBPF_PACKAGE);
+    let common_dir = workspace.join("agent-common");
+    for dir in [&ebpf_dir, &common_dir] {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    println!("cargo:rerun-if-env-changed=MT_AGENT_EBPF_TOOLCHAIN");
+    if let Some(linker) = find_on_path("bpf-linker") {
+        println!("cargo:rerun-if-changed={}", linker.display());
+    }
+
+    let toolchain = env::var("MT_AGENT_EBPF_TOOLCHAIN").unwrap_or_else(|_| "nightly".into());
+    let target_dir = out_dir.join("ebpf-target");
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", &toolchain, "cargo", "build"])
+        .args(["--package", EBPF_PACKAGE, "--bin", EBPF_BIN])
+        .args(["--release", "--target", TARGET, "-Z", "build-std=core"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(workspace)
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            [
+                "--cfg=bpf_target_arch=\"x86_64\"",
+                "-Cdebuginfo=2",
+                "-Clink-arg=--btf",
+                "-Ctarget-cpu=v3",
+            ]
+            .join("\x1f"),
+        );
+    // Let the inner cargo pick its own toolchain and flags.
+    for key in [
+        "RUSTC",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+        "CARGO_MAKEFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS_HOST",
+    ] {
+        cmd.env_remove(key);
+    }
+    let status = cmd.status().unwrap_or_else(|e| {
+        panic!("failed to run rustup ({e}); run `cargo xtask setup` to install the eBPF toolchain")
+    });
+    if !status.success() {
+        panic!(
+            "building the eBPF programs failed ({status}); \
+             run `cargo xtask setup` (nightly with rust-src, bpf-linker 0.13)"
+        );
+    }
+    let built = target_dir.join(TARGET).join("release").join(EBPF_BIN);
+    std::fs::copy(&built, out_dir.join(EBPF_BIN))
+        .unwrap_or_else(|e| panic!("copy {}: {e}", built.display()));
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = env::var_os("PATH")?;
+    env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| Path::new(p).is_file())
+}
