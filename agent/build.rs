@@ -23,6 +23,7 @@ const EBPF_BIN: &str = "mt-agent-ebpf";
 const TARGET: &str = "bpfel-unknown-none";
 
 fn main() {
+    version_info();
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
     let workspace = manifest_dir.parent().expect("workspace root");
@@ -83,6 +84,47 @@ fn main() {
     let built = target_dir.join(TARGET).join("release").join(EBPF_BIN);
     std::fs::copy(&built, out_dir.join(EBPF_BIN))
         .unwrap_or_else(|e| panic!("copy {}: {e}", built.display()));
+}
+
+/// Sets MT_AGENT_GIT_COMMIT, MT_AGENT_TARGET and MT_AGENT_AYA_VERSION for
+/// `--version`.
+fn version_info() {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
+    let workspace = manifest_dir.parent().expect("workspace root");
+    let commit = env::var("MT_AGENT_GIT_COMMIT").ok().or_else(|| {
+        let out = Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(workspace)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    });
+    println!(
+        "cargo:rustc-env=MT_AGENT_GIT_COMMIT={}",
+        commit.unwrap_or_else(|| "unknown".into())
+    );
+    println!("cargo:rerun-if-env-changed=MT_AGENT_GIT_COMMIT");
+    for head in [".git/HEAD", ".git/refs/heads"] {
+        let p = workspace.join(head);
+        if p.exists() {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    }
+    println!(
+        "cargo:rustc-env=MT_AGENT_TARGET={}",
+        env::var("TARGET").unwrap_or_default()
+    );
+    // The aya version cargo resolved, from the lock file.
+    let lock = std::fs::read_to_string(workspace.join("Cargo.lock")).unwrap_or_default();
+    let aya = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"aya\"\n"))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=MT_AGENT_AYA_VERSION={aya}");
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {

@@ -96,6 +96,40 @@ pub struct Cond {
     pub value: u64,
 }
 
+impl Cond {
+    /// Whether the condition holds for these arguments. The eBPF program
+    /// calls this in the kernel; userspace tests call the same code.
+    #[inline(always)]
+    pub fn holds(&self, args: &[u64; NARGS]) -> bool {
+        // Constant indices only: the BPF verifier refuses a stack read at a
+        // variable offset.
+        let a = match self.arg {
+            0 => args[0],
+            1 => args[1],
+            2 => args[2],
+            3 => args[3],
+            4 => args[4],
+            _ => args[5],
+        };
+        let v = self.value;
+        let (lt, eq) = if self.signed != 0 {
+            ((a as i64) < (v as i64), a == v)
+        } else {
+            (a < v, a == v)
+        };
+        match self.op {
+            0 => eq,
+            1 => !eq,
+            2 => lt,
+            3 => lt || eq,
+            4 => !lt && !eq,
+            5 => !lt,
+            6 => a & v != 0,
+            _ => false,
+        }
+    }
+}
+
 /// [`TriggerConfig::flags`]: read arguments with Go's register ABI
 /// (RAX, RBX, RCX, RDI, RSI, R8) instead of SysV (RDI, RSI, RDX, RCX, R8, R9).
 pub const CFG_GO_ABI: u32 = 1;

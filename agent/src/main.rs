@@ -1,1 +1,92 @@
-fn main() { println!("{}", include_bytes!(concat!(env!("OUT_DIR"), "/mt-agent-ebpf")).len()); }
+//! mt-agent: profile the moment a function is called.
+//!
+//! Modules, one concern each:
+//! * [`cli`]: options and their parsing;
+//! * [`session`]: a capture run's setup and lifecycle (main thread, tokio);
+//! * [`driver`]: the data path: ring buffer → trigger → perf, and the index;
+//! * [`trigger`]: the hit-to-snapshot state machine (pure);
+//! * [`perf`]: spawning and driving `perf record`;
+//! * [`probe`]: loading and attaching the eBPF programs;
+//! * [`symbols`]: finding the trigger in the target's mapped objects;
+//! * [`conditions`]: `--when` and the kernel's filter table;
+//! * [`index`]: the output directory and `snapshots.jsonl`;
+//! * [`report`]: text and JSON output;
+//! * [`target`], [`caps`]: the traced process and privileges;
+//! * [`list`]: `mt-agent symbols`.
+
+mod caps;
+mod cli;
+mod conditions;
+mod driver;
+mod error;
+mod index;
+mod list;
+mod perf;
+mod probe;
+mod report;
+mod session;
+mod symbols;
+mod target;
+mod trigger;
+mod version;
+
+use std::{sync::Arc, time::Instant};
+
+use clap::Parser as _;
+
+use crate::{
+    cli::{Cli, Command},
+    error::{Failure, failure_of},
+    report::Reporter,
+};
+
+fn main() -> std::process::ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    let (json, verbose) = match &cli.command {
+        None => (cli.run.json, cli.run.verbose),
+        Some(Command::Symbols(a)) => (a.json, false),
+        Some(Command::Check(_)) => (false, false),
+    };
+    if verbose {
+        // aya-log forwards the eBPF program's records through `log`.
+        env_logger::Builder::new()
+            .filter_level(log::LevelFilter::Debug)
+            .format_timestamp_micros()
+            .init();
+    }
+    let reporter = Arc::new(Reporter::new(json, verbose));
+    let result = match cli.command {
+        None => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(session::run(cli.run, reporter.clone(), started))),
+        Some(Command::Symbols(args)) => list::run(&args),
+        Some(Command::Check(_)) => Err(Failure::usage("check is not implemented yet").into()),
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(err) => {
+            let failure = failure_of(&err)
+                .cloned()
+                .unwrap_or_else(|| Failure::runtime(format!("{err:#}")));
+            reporter.error(&failure);
+            failure.code
+        }
+    };
+    std::process::ExitCode::from(code as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ExitCode;
+
+    #[test]
+    fn exit_codes_are_the_documented_numbers() {
+        assert_eq!(ExitCode::Ok as u8, 0);
+        assert_eq!(ExitCode::Usage as u8, 2);
+        assert_eq!(ExitCode::Environment as u8, 3);
+        assert_eq!(ExitCode::Runtime as u8, 4);
+    }
+}

@@ -1,0 +1,435 @@
+//! Command-line interface: clap definitions and the parsing of values
+//! (durations, rates, addresses) and of extra perf arguments.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+const ABOUT: &str = "Profile the moment a function is called: every accepted call of \
+the trigger function makes `perf record` close its current snapshot file and start the next.";
+
+const LONG_ABOUT: &str = "\
+Profile the moment a function is called.
+
+mt-agent runs `perf record --switch-output=signal` on a process and attaches an
+eBPF uprobe to a trigger function in it. Each accepted call of the function, in
+any thread of the process, makes perf close its current file (a snapshot of what
+led up to the call) and open the next. The target is never stopped or ptraced,
+and the probe stays attached, so one run captures many moments.
+
+Filters run in the kernel, in this order: --tid, --when, --slower-than, --every,
+--max-rate, --cooldown. A rejected call costs no wakeup and no userspace work.
+
+Threads, forks and exec: a call in any thread of the target counts. Children
+forked by the target do not trigger, because the uprobe is scoped to the
+target's address space; perf's -p does follow them, so their samples can still
+appear in snapshots. If the target execs a new image, the probe (bound to the
+old file) stops firing; mt-agent notices within 1 s, reports it, and ends.
+
+Snapshots and OUT/snapshots.jsonl, which indexes them, go to --output.";
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  normal end (target exited, a limit was reached, SIGINT/SIGTERM/SIGHUP)
+  2  bad usage or input (unknown pid or symbol, bad option, output directory)
+  3  the environment is missing something (privileges, perf, kernel support)
+  4  runtime failure (perf died, disk full)
+
+Examples:
+  sudo mt-agent --pid 4242 --symbol handle_request
+  sudo mt-agent --pid 4242 --symbol 'ns::Worker::handle' --when 'arg0 == 42'
+  sudo mt-agent --pid 4242 --symbol sqlite3_step --object libsqlite3 --slower-than 5ms
+  sudo mt-agent symbols --pid 4242 handle";
+
+/// `mt-agent`: see [`LONG_ABOUT`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "mt-agent",
+    version = crate::version::SHORT,
+    long_version = crate::version::LONG,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands besides the default capture run.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the functions a process has mapped, with what a hit on each costs.
+    Symbols(SymbolsArgs),
+    /// Check that this host can run mt-agent (kernel, BPF, perf, privileges).
+    Check(CheckArgs),
+}
+
+/// Options of a capture run (the default command).
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Process to trace (its thread-group id).
+    #[arg(long, short = 'p', value_name = "PID", required = true)]
+    pub pid: Option<i32>,
+
+    /// Trigger function: a plain, mangled or demangled name
+    /// (`handle`, `ns::Worker::handle(int)`, `my_crate::server::handle`).
+    #[arg(
+        long,
+        short = 's',
+        value_name = "NAME",
+        required_unless_present = "address"
+    )]
+    pub symbol: Option<String>,
+
+    /// Search only this mapped object: a path, or a file name such as
+    /// `libsqlite3`.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub object: Option<String>,
+
+    /// Probe this many bytes into the function; must be an instruction
+    /// boundary.
+    #[arg(long, value_name = "BYTES", value_parser = parse_u64)]
+    pub offset: Option<u64>,
+
+    /// Probe this virtual address in the target; must be an instruction
+    /// boundary inside a known function.
+    #[arg(long, value_name = "0xADDR", value_parser = parse_u64, conflicts_with = "offset")]
+    pub address: Option<u64>,
+
+    /// If the symbol is not mapped yet (a library still to be dlopen'ed),
+    /// poll the target's mappings for up to this long.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub wait_for_symbol: Option<Duration>,
+
+    /// Least time between two accepted hits. Hits sooner are counted and
+    /// dropped in the kernel. 0 disables it.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub cooldown: Duration,
+
+    /// Accept only calls whose arguments satisfy EXPR, e.g. `arg0 == 42`,
+    /// `sarg1 < 0`, `arg2 & 0x4`. Repeatable; all must hold.
+    #[arg(long = "when", value_name = "EXPR")]
+    pub when: Vec<String>,
+
+    /// Trigger at the return of calls that lasted at least DURATION. The
+    /// returns are seen by uprobes on each `ret` instruction.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub slower_than: Option<Duration>,
+
+    /// With --slower-than: see returns with a uretprobe instead of probing
+    /// `ret` instructions. Breaks C++ exception unwinding through the
+    /// function; refused on Go binaries.
+    #[arg(long, requires = "slower_than")]
+    pub use_uretprobe: bool,
+
+    /// Accept one hit in N (after the tid, when and duration filters).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub every: Option<u64>,
+
+    /// Only hits in these threads (repeatable).
+    #[arg(long = "tid", value_name = "TID")]
+    pub tids: Vec<u32>,
+
+    /// Accept at most R hits per second (token bucket, burst 1), e.g. `10/s`.
+    #[arg(long, value_name = "R/s", value_parser = parse_rate)]
+    pub max_rate: Option<f64>,
+
+    /// After an accepted hit, wait this long before closing the snapshot, so
+    /// it also holds what the function did right after entry.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub after: Option<Duration>,
+
+    /// Stop after this many hit snapshots.
+    #[arg(long, value_name = "N")]
+    pub max_snapshots: Option<u64>,
+
+    /// Stop after this long.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Output directory. Created; must not exist or be empty.
+    /// [default: ./mt-agent-<pid>-<local time>]
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: Option<PathBuf>,
+
+    /// Print newline-delimited JSON events on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Forward the eBPF program's log records (aya-log) and print more detail.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+
+    /// Run the ring-buffer reader thread with SCHED_FIFO at this priority
+    /// (1-99), to cut hit-to-signal latency on a busy host.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=99))]
+    pub rt_priority: Option<i32>,
+
+    /// perf binary to run. [default: `perf` on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub perf: Option<PathBuf>,
+
+    /// perf event to sample. [default: `cycles` with a hardware PMU,
+    /// else `cpu-clock`]
+    #[arg(long, short = 'e', value_name = "EVENT")]
+    pub event: Option<String>,
+
+    /// Sampling frequency, in Hz.
+    #[arg(long, short = 'F', value_name = "HZ", default_value_t = 999)]
+    pub freq: u32,
+
+    /// Keep only the newest N snapshot files (perf's --switch-max-files).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub keep: Option<u32>,
+
+    /// Size of the hit ring buffer in bytes (a power of two, at least one
+    /// page). For tests.
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub ring_bytes: Option<u32>,
+
+    /// Delay the ring-buffer reader by this long after arming. For tests
+    /// that force ring-buffer overflow.
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub debug_reader_delay: Option<Duration>,
+
+    /// Extra arguments for `perf record`, after `--`.
+    #[arg(last = true, value_name = "PERF_ARGS")]
+    pub perf_args: Vec<String>,
+}
+
+/// Options of `mt-agent symbols`.
+#[derive(Debug, Args)]
+pub struct SymbolsArgs {
+    /// Process whose mapped objects are listed.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: i32,
+
+    /// Only functions whose name (mangled or demangled) contains PATTERN.
+    pub pattern: Option<String>,
+
+    /// Search only this mapped object: a path, or a file name such as
+    /// `libsqlite3`.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub object: Option<String>,
+
+    /// Print the listing as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `mt-agent check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Also check that this process can be traced.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: Option<i32>,
+
+    /// perf binary to check. [default: `perf` on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub perf: Option<PathBuf>,
+
+    /// Directory whose free space is checked. [default: .]
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: Option<PathBuf>,
+}
+
+/// Parses a duration such as `100ms`, `5s`, `1m30s` or `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; write a duration such as 250us, 100ms, 5s or 1m"))
+}
+
+/// Parses a rate such as `10/s`, `10`, `600/m` or `0.5/s`, in hits per second.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let (num, per) = match s.split_once('/') {
+        Some((n, unit)) => {
+            let per = match unit.trim() {
+                "s" | "sec" => 1.0,
+                "m" | "min" => 60.0,
+                "h" => 3600.0,
+                other => return Err(format!("unknown rate unit `{other}`; use /s, /m or /h")),
+            };
+            (n, per)
+        }
+        None => (s, 1.0),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{num}` is not a number; write a rate such as 10/s"))?;
+    if !(n.is_finite() && n > 0.0) {
+        return Err("a rate must be greater than 0".into());
+    }
+    Ok(n / per)
+}
+
+/// Parses an unsigned integer in decimal or `0x` hex.
+pub fn parse_u64(s: &str) -> Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map_err(|_| format!("`{s}` is not a number (decimal or 0x hex)"))
+}
+
+/// perf options that would break the agent, with why. Matched against the
+/// option name, with or without an attached value.
+const FORBIDDEN_PERF_ARGS: &[(&str, &str)] = &[
+    ("-q", "mt-agent reads perf's `Dump` lines on stderr"),
+    ("--quiet", "mt-agent reads perf's `Dump` lines on stderr"),
+    ("-o", "mt-agent sets the output; use --output"),
+    ("--output", "mt-agent sets the output; use --output"),
+    ("--threads", "perf disables --switch-output with --threads"),
+    ("--switch-output", "mt-agent drives switch-output itself"),
+    (
+        "--switch-output-event",
+        "mt-agent drives switch-output itself",
+    ),
+    ("--switch-max-files", "use --keep"),
+    ("--control", "mt-agent uses perf's control fd"),
+    ("-p", "mt-agent sets the target; use --pid"),
+    ("--pid", "mt-agent sets the target; use --pid"),
+    ("-t", "mt-agent records the whole target process"),
+    ("--tid", "mt-agent records the whole target process"),
+    ("-a", "system-wide recording is not what mt-agent snapshots"),
+    (
+        "--all-cpus",
+        "system-wide recording is not what mt-agent snapshots",
+    ),
+];
+
+/// Checks extra `perf record` arguments; returns the first one that would
+/// break the agent, with the reason.
+pub fn check_perf_args(args: &[String]) -> Result<(), String> {
+    for arg in args {
+        for (opt, why) in FORBIDDEN_PERF_ARGS {
+            let hit = if opt.starts_with("--") {
+                arg == opt
+                    || arg.starts_with(&format!("{opt}="))
+                    || (*opt == "--switch-output" && arg.starts_with("--switch-output"))
+            } else {
+                // Short options: `-o`, `-ofile`, and clusters such as `-aq`.
+                let letter = &opt[1..];
+                arg.starts_with('-')
+                    && !arg.starts_with("--")
+                    && (arg == opt || short_cluster_has(arg, letter))
+            };
+            if hit {
+                return Err(format!("perf option `{arg}` is not allowed: {why}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a short-option cluster such as `-ag` contains the flag `letter`
+/// before any option that takes a value. Only flags that never take values
+/// (`-a`, `-q`, `-g`, `-n`, `-v`, `-s`, `-T`, `-d`, `-P`, `-R`, `-B`, `-N`)
+/// are treated as a cluster; anything else is a single option with an
+/// attached value (`-e cycles` written `-ecycles`).
+fn short_cluster_has(arg: &str, letter: &str) -> bool {
+    let body = &arg[1..];
+    let first = &body[..body.char_indices().nth(1).map_or(body.len(), |(i, _)| i)];
+    if first == letter {
+        return true;
+    }
+    const FLAGS: &str = "aqgnvsTdPRBN";
+    body.chars().all(|c| FLAGS.contains(c)) && body.contains(letter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("10/s"), Ok(10.0));
+        assert_eq!(parse_rate("10"), Ok(10.0));
+        assert_eq!(parse_rate("120/m"), Ok(2.0));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("10/fortnight").is_err());
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_u64("0x10"), Ok(16));
+        assert_eq!(parse_u64("4096"), Ok(4096));
+        assert!(parse_u64("0xzz").is_err());
+    }
+
+    #[test]
+    fn perf_args_that_break_the_agent_are_refused() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(check_perf_args(&s(&["--call-graph", "dwarf"])).is_ok());
+        assert!(check_perf_args(&s(&["-e", "cycles", "-c", "1000"])).is_ok());
+        assert!(check_perf_args(&s(&["--no-no-buildid"])).is_ok());
+        for bad in [
+            "-q",
+            "--quiet",
+            "-o",
+            "-ofoo",
+            "--output=x",
+            "--threads",
+            "--threads=2",
+            "--switch-output=1M",
+            "--switch-output-event=x",
+            "--switch-max-files=3",
+            "--control=fd:1,2",
+            "-p",
+            "-t",
+            "-a",
+            "-ag",
+            "--all-cpus",
+            "--pid=3",
+        ] {
+            assert!(
+                check_perf_args(&s(&[bad])).is_err(),
+                "{bad} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn run_requires_pid_and_symbol_but_subcommands_do_not() {
+        assert!(Cli::try_parse_from(["mt-agent", "--pid", "1"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--pid", "1", "--symbol", "f"]).is_ok());
+        assert!(Cli::try_parse_from(["mt-agent", "check"]).is_ok());
+        let cli = Cli::try_parse_from([
+            "mt-agent",
+            "-p",
+            "1",
+            "-s",
+            "f",
+            "--",
+            "--call-graph",
+            "dwarf",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.perf_args, ["--call-graph", "dwarf"]);
+    }
+}

@@ -1,0 +1,322 @@
+//! Trigger conditions: parsing `--when` expressions and building the
+//! [`TriggerConfig`] table the eBPF program evaluates. No code generation:
+//! the kernel side walks a fixed-size table.
+//!
+//! `--when` grammar: `ARG OP CONST`, where ARG is `arg0`..`arg5` (unsigned)
+//! or `sarg0`..`sarg5` (signed), OP one of `== != < <= > >= &`, and CONST a
+//! decimal or `0x` hex integer (negative only with a signed argument).
+//! `arg1 & 0x4` holds when `(arg1 & 0x4) != 0`.
+
+use std::time::Duration;
+
+use agent_common::{
+    CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, Cond, CondOp, MAX_CONDS, MAX_TIDS, TriggerConfig,
+};
+
+use crate::error::Failure;
+
+/// A `--when` expression that did not parse: what is wrong, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WhenError {
+    /// Byte position of the problem in the expression.
+    pub pos: usize,
+    pub message: String,
+}
+
+impl WhenError {
+    /// The failure to print: the message, then the expression with a caret.
+    pub fn into_failure(self, expr: &str) -> Failure {
+        Failure::usage(format!("bad --when expression: {}", self.message)).with_detail([
+            format!("--when '{expr}'"),
+            format!("{}^", " ".repeat("--when '".len() + self.pos)),
+        ])
+    }
+}
+
+/// Parses one `--when` expression.
+pub fn parse_when(expr: &str) -> Result<Cond, WhenError> {
+    let b = expr.as_bytes();
+    let mut i = 0;
+    let skip_ws = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    skip_ws(&mut i);
+    // Argument.
+    let arg_start = i;
+    while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+        i += 1;
+    }
+    let word = &expr[arg_start..i];
+    let (signed, num) = if let Some(n) = word.strip_prefix("sarg") {
+        (true, n)
+    } else if let Some(n) = word.strip_prefix("arg") {
+        (false, n)
+    } else {
+        return Err(WhenError {
+            pos: arg_start,
+            message: if word.is_empty() {
+                "expected an argument such as arg0 or sarg1".into()
+            } else {
+                format!("unknown argument `{word}`; use arg0..arg5, or sarg0..sarg5 for signed")
+            },
+        });
+    };
+    let arg: u8 = match num.parse() {
+        Ok(n) if n < 6 => n,
+        _ => {
+            return Err(WhenError {
+                pos: arg_start,
+                message: format!(
+                    "unknown argument `{word}`; use arg0..arg5, or sarg0..sarg5 for signed"
+                ),
+            });
+        }
+    };
+    skip_ws(&mut i);
+    // Operator.
+    let op_start = i;
+    let rest = &expr[i..];
+    let (op, len) = [
+        ("==", CondOp::Eq),
+        ("!=", CondOp::Ne),
+        ("<=", CondOp::Le),
+        (">=", CondOp::Ge),
+        ("<", CondOp::Lt),
+        (">", CondOp::Gt),
+        ("&", CondOp::Mask),
+    ]
+    .iter()
+    .find(|(s, _)| rest.starts_with(s))
+    .map(|(s, op)| (*op, s.len()))
+    .ok_or_else(|| WhenError {
+        pos: op_start,
+        message: format!(
+            "expected an operator (== != < <= > >= &), found `{}`",
+            rest.split_whitespace()
+                .next()
+                .unwrap_or("end of expression")
+        ),
+    })?;
+    i += len;
+    if rest.starts_with("&&")
+        || rest.starts_with("===")
+        || rest.starts_with("=>")
+        || rest.starts_with("=<")
+    {
+        return Err(WhenError {
+            pos: op_start,
+            message: "bad operator; use one of == != < <= > >= & (repeat --when for AND)".into(),
+        });
+    }
+    skip_ws(&mut i);
+    // Constant.
+    let c_start = i;
+    while i < b.len() && !b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    let text = &expr[c_start..i];
+    let value = parse_constant(text, signed).map_err(|message| WhenError {
+        pos: c_start,
+        message,
+    })?;
+    skip_ws(&mut i);
+    if i < b.len() {
+        return Err(WhenError {
+            pos: i,
+            message: format!(
+                "unexpected `{}` after the constant; one comparison per --when (repeat it for AND)",
+                &expr[i..]
+            ),
+        });
+    }
+    Ok(Cond {
+        arg,
+        op: op as u8,
+        signed: u8::from(signed),
+        _pad: [0; 5],
+        value,
+    })
+}
+
+fn parse_constant(text: &str, signed: bool) -> Result<u64, String> {
+    if text.is_empty() {
+        return Err("expected a constant (decimal or 0x hex)".into());
+    }
+    let (neg, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text),
+    };
+    let (radix, digits) = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        Some(h) => (16, h),
+        None => (10, digits),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(format!("`{text}` is not a number (decimal or 0x hex)"));
+    }
+    let magnitude = u64::from_str_radix(digits, radix)
+        .map_err(|_| format!("constant `{text}` does not fit in 64 bits"))?;
+    if neg {
+        if !signed {
+            return Err(format!(
+                "negative constant `{text}` with an unsigned argument; use sargN"
+            ));
+        }
+        if magnitude > 1u64 << 63 {
+            return Err(format!(
+                "constant `{text}` does not fit in a signed 64-bit integer"
+            ));
+        }
+        return Ok(magnitude.wrapping_neg());
+    }
+    if signed && radix == 10 && magnitude > i64::MAX as u64 {
+        return Err(format!(
+            "constant `{text}` does not fit in a signed 64-bit integer"
+        ));
+    }
+    Ok(magnitude)
+}
+
+/// The filters of one trigger, as given on the command line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Filters {
+    pub tids: Vec<u32>,
+    pub when: Vec<String>,
+    pub slower_than: Option<Duration>,
+    pub every: Option<u64>,
+    pub max_rate: Option<f64>,
+    pub cooldown: Duration,
+}
+
+/// Builds the kernel's table for one trigger. `go_abi` selects Go's
+/// register ABI for arguments.
+///
+/// Errors (exit code 2): a bad `--when`, too many `--when` or `--tid`.
+pub fn trigger_config(f: &Filters, go_abi: bool) -> Result<TriggerConfig, Failure> {
+    let mut cfg = TriggerConfig {
+        flags: CFG_ENABLED,
+        ..TriggerConfig::default()
+    };
+    if go_abi {
+        cfg.flags |= CFG_GO_ABI;
+    }
+    if f.tids.len() > MAX_TIDS {
+        return Err(Failure::usage(format!("at most {MAX_TIDS} --tid values")));
+    }
+    for (i, t) in f.tids.iter().enumerate() {
+        cfg.tids[i] = *t;
+    }
+    cfg.n_tids = f.tids.len() as u32;
+    if f.when.len() > MAX_CONDS {
+        return Err(Failure::usage(format!(
+            "at most {MAX_CONDS} --when expressions"
+        )));
+    }
+    for (i, e) in f.when.iter().enumerate() {
+        cfg.conds[i] = parse_when(e).map_err(|err| err.into_failure(e))?;
+    }
+    cfg.n_conds = f.when.len() as u32;
+    if let Some(d) = f.slower_than {
+        cfg.flags |= CFG_AT_RETURN;
+        cfg.slower_than_ns = d.as_nanos() as u64;
+    }
+    cfg.every = f.every.unwrap_or(0);
+    if let Some(r) = f.max_rate {
+        cfg.rate_interval_ns = (1e9 / r).round().max(1.0) as u64;
+    }
+    cfg.cooldown_ns = f.cooldown.as_nanos() as u64;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(e: &str) -> Cond {
+        parse_when(e).unwrap_or_else(|err| panic!("{e}: {err:?}"))
+    }
+
+    #[test]
+    fn expressions_parse() {
+        let c = ok("arg0 == 42");
+        assert_eq!(
+            (c.arg, c.op, c.signed, c.value),
+            (0, CondOp::Eq as u8, 0, 42)
+        );
+        let c = ok("arg1&0x4");
+        assert_eq!((c.arg, c.op, c.value), (1, CondOp::Mask as u8, 4));
+        let c = ok("  sarg2 < -5 ");
+        assert_eq!(
+            (c.arg, c.op, c.signed, c.value as i64),
+            (2, CondOp::Lt as u8, 1, -5)
+        );
+        assert_eq!(ok("arg5 >= 0xffffffffffffffff").value, u64::MAX);
+        assert_eq!(ok("arg3 != 7").op, CondOp::Ne as u8);
+        assert_eq!(ok("arg3 <= 7").op, CondOp::Le as u8);
+        assert_eq!(ok("arg3 > 7").op, CondOp::Gt as u8);
+    }
+
+    #[test]
+    fn errors_point_at_the_problem() {
+        let e = parse_when("arg7 == 1").unwrap_err();
+        assert_eq!(e.pos, 0);
+        assert!(e.message.contains("unknown argument `arg7`"));
+        let e = parse_when("arg0 =~ 1").unwrap_err();
+        assert_eq!(e.pos, 5);
+        assert!(e.message.contains("operator"));
+        let e = parse_when("arg0 == 99999999999999999999").unwrap_err();
+        assert_eq!(e.pos, 8);
+        assert!(e.message.contains("does not fit"));
+        let e = parse_when("arg0 == -1").unwrap_err();
+        assert!(e.message.contains("use sargN"));
+        let e = parse_when("arg0 == 1 && arg1 == 2").unwrap_err();
+        assert_eq!(e.pos, 10);
+        let e = parse_when("arg0 && 1").unwrap_err();
+        assert_eq!(e.pos, 5);
+        let f = parse_when("foo == 1").unwrap_err().into_failure("foo == 1");
+        assert_eq!(f.detail[1], "        ^");
+    }
+
+    #[test]
+    fn conditions_evaluate_like_the_kernel() {
+        let args = [42, 5, (-3i64) as u64, 0, 0, 0];
+        assert!(ok("arg0 == 42").holds(&args));
+        assert!(!ok("arg0 != 42").holds(&args));
+        assert!(ok("arg1 & 0x4").holds(&args));
+        assert!(!ok("arg1 & 0x2").holds(&args));
+        assert!(ok("sarg2 < 0").holds(&args));
+        assert!(!ok("arg2 < 0x10").holds(&args)); // unsigned: huge
+        assert!(ok("arg1 >= 5").holds(&args));
+        assert!(ok("arg1 <= 5").holds(&args));
+        assert!(!ok("arg1 > 5").holds(&args));
+    }
+
+    #[test]
+    fn config_table() {
+        let f = Filters {
+            tids: vec![7, 8],
+            when: vec!["arg0 == 1".into()],
+            slower_than: Some(Duration::from_millis(5)),
+            every: Some(100),
+            max_rate: Some(10.0),
+            cooldown: Duration::from_millis(100),
+        };
+        let c = trigger_config(&f, true).unwrap();
+        assert_eq!(c.flags, CFG_ENABLED | CFG_GO_ABI | CFG_AT_RETURN);
+        assert_eq!((c.n_tids, c.tids[1]), (2, 8));
+        assert_eq!(c.n_conds, 1);
+        assert_eq!(c.slower_than_ns, 5_000_000);
+        assert_eq!(c.every, 100);
+        assert_eq!(c.rate_interval_ns, 100_000_000);
+        assert_eq!(c.cooldown_ns, 100_000_000);
+        let too_many = Filters {
+            when: vec!["arg0 == 1".into(); 9],
+            ..Filters::default()
+        };
+        assert!(trigger_config(&too_many, false).is_err());
+    }
+}

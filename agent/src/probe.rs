@@ -1,0 +1,333 @@
+//! Loading the eBPF programs and attaching them as uprobes (aya).
+//!
+//! The object is built by `build.rs` and embedded in the binary. Programs:
+//! `mt_entry` (uprobe at the trigger), `mt_return` (plain uprobes on `ret`
+//! instructions, for `--slower-than`), `mt_uretprobe` (`--use-uretprobe`).
+//! Each link carries the trigger index as its attach cookie.
+//!
+//! Everything is released when [`Probes`] is dropped: links are closed and
+//! programs unloaded. If the agent dies, the kernel does the same when it
+//! closes our fds.
+
+use std::{io, num::NonZeroU32, path::PathBuf};
+
+use agent_common::{Counter, FrameKey, FrameStack, NCOUNTERS, TriggerConfig};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+};
+use serde::Serialize;
+
+use crate::error::Failure;
+
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mt-agent-ebpf"));
+
+/// Program names, as the kernel lists them (cut to 15 bytes).
+pub const PROGRAM_NAMES: [&str; 3] = ["mt_entry", "mt_return", "mt_uretprobe"];
+
+/// How the end of a `--slower-than` call is seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Returns {
+    /// Plain uprobes at these file offsets (each `ret` instruction).
+    RetInstructions(Vec<u64>),
+    /// A uretprobe on the function (at its entry offset).
+    Uretprobe,
+}
+
+/// Where and how one trigger is attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachPlan {
+    /// Trigger index: the attach cookie.
+    pub trigger: u32,
+    /// File the uprobes are placed in (the kernel resolves it to an inode).
+    pub path: PathBuf,
+    /// Only this process fires the probes; None means every process.
+    pub pid: Option<i32>,
+    /// File offset of the entry probe.
+    pub entry_offset: u64,
+    /// Return probes, for `--slower-than`.
+    pub returns: Option<Returns>,
+}
+
+/// Load-time settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Size of the HITS ring buffer, bytes (power of two, at least a page).
+    pub ring_bytes: u32,
+    /// Enable the programs' aya-log records.
+    pub verbose: bool,
+}
+
+/// The loaded programs and their links.
+pub struct Probes {
+    ebpf: Ebpf,
+    links: Vec<(&'static str, UProbeLinkId)>,
+}
+
+impl Probes {
+    /// Creates the maps and loads the programs into the kernel (the verifier
+    /// runs here). Errors: exit code 3 without the privileges.
+    pub fn load(opts: LoadOptions) -> Result<Self, Failure> {
+        // aya-log level: 0 turns every log statement off in the kernel.
+        let level: u8 = if opts.verbose { 0xff } else { 0 };
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("HITS", opts.ring_bytes)
+            .override_global("AYA_LOG_LEVEL", &level, true)
+            .load(EBPF_OBJECT)
+            .map_err(|e| classify(&e, "loading the eBPF programs"))?;
+        for name in PROGRAM_NAMES {
+            let prog: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or_else(|| Failure::runtime(format!("program {name} missing from the object")))?
+                .try_into()
+                .map_err(|e| Failure::runtime(format!("program {name}: {e}")))?;
+            // EACCES from BPF_PROG_LOAD is the verifier refusing the
+            // program; only EPERM means missing privileges.
+            prog.load().map_err(|e| {
+                classify_with(&e, &format!("loading program {name}"), &[libc::EPERM])
+            })?;
+        }
+        Ok(Self {
+            ebpf,
+            links: Vec::new(),
+        })
+    }
+
+    /// Writes a trigger's settings into CONFIG. Must happen before attach.
+    pub fn configure(&mut self, trigger: u32, cfg: &TriggerConfig) -> anyhow::Result<()> {
+        let mut config: Array<_, TriggerConfig> = Array::try_from(
+            self.ebpf
+                .map_mut("CONFIG")
+                .ok_or_else(|| anyhow::anyhow!("CONFIG map missing"))?,
+        )?;
+        config.set(trigger, cfg, 0)?;
+        Ok(())
+    }
+
+    /// Attaches the entry probe (and return probes) of one trigger.
+    /// Errors: exit code 3 without privileges, 4 for other kernel refusals.
+    pub fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
+        let scope = match plan.pid {
+            Some(pid) => UProbeScope::OneProcess(
+                NonZeroU32::new(pid as u32).ok_or_else(|| Failure::usage("pid 0"))?,
+            ),
+            None => UProbeScope::AllProcesses,
+        };
+        self.attach_one("mt_entry", plan, plan.entry_offset, scope)?;
+        match &plan.returns {
+            None => {}
+            Some(Returns::RetInstructions(offsets)) => {
+                for &off in offsets {
+                    self.attach_one("mt_return", plan, off, scope)?;
+                }
+            }
+            Some(Returns::Uretprobe) => {
+                self.attach_one("mt_uretprobe", plan, plan.entry_offset, scope)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_one(
+        &mut self,
+        program: &'static str,
+        plan: &AttachPlan,
+        offset: u64,
+        scope: UProbeScope,
+    ) -> Result<(), Failure> {
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| Failure::runtime(format!("program {program} missing")))?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(u64::from(plan.trigger)),
+        };
+        let link = prog.attach(point, &plan.path, scope).map_err(|e| {
+            classify(
+                &e,
+                &format!("attaching a uprobe to {}+{offset:#x}", plan.path.display()),
+            )
+        })?;
+        self.links.push((program, link));
+        Ok(())
+    }
+
+    /// Detaches every probe; the programs stay loaded until drop.
+    pub fn detach_all(&mut self) {
+        for (program, link) in self.links.drain(..) {
+            if let Some(prog) = self
+                .ebpf
+                .program_mut(program)
+                .and_then(|p| <&mut UProbe>::try_from(p).ok())
+            {
+                let _ = prog.detach(link);
+            }
+        }
+    }
+
+    /// Number of uprobes attached.
+    pub fn attached(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Takes the HITS ring buffer, for the reader thread.
+    pub fn take_ring(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map("HITS")
+            .ok_or_else(|| anyhow::anyhow!("HITS map missing"))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Takes the COUNTERS and FRAMES maps, for reading counts.
+    pub fn take_counters(&mut self) -> anyhow::Result<Counters> {
+        let counters = self
+            .ebpf
+            .take_map("COUNTERS")
+            .ok_or_else(|| anyhow::anyhow!("COUNTERS map missing"))?;
+        let frames = self
+            .ebpf
+            .take_map("FRAMES")
+            .ok_or_else(|| anyhow::anyhow!("FRAMES map missing"))?;
+        Ok(Counters {
+            counters: PerCpuArray::try_from(counters)?,
+            frames: HashMap::try_from(frames)?,
+        })
+    }
+
+    /// Takes the aya-log reader (only useful with `verbose`).
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        aya_log::EbpfLogger::init(&mut self.ebpf).ok()
+    }
+}
+
+/// Maps an aya error to a failure: permission problems are exit code 3.
+fn classify(err: &(dyn std::error::Error + 'static), doing: &str) -> Failure {
+    classify_with(err, doing, &[libc::EPERM, libc::EACCES])
+}
+
+/// Like [`classify`], with the errno values that mean "not permitted".
+fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &[i32]) -> Failure {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut detail = Vec::new();
+    while let Some(e) = source {
+        detail.push(e.to_string());
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io.raw_os_error().is_some_and(|n| denied.contains(&n))
+        {
+            return Failure::environment(format!(
+                "{doing}: permission denied; run as root, or with CAP_BPF, CAP_PERFMON, \
+                 CAP_SYS_ADMIN and CAP_SYS_PTRACE (the uprobe PMU needs CAP_SYS_ADMIN since \
+                 the fix for CVE-2025-38466); `mt-agent check` shows what is missing"
+            ));
+        }
+        source = e.source();
+    }
+    Failure::runtime(format!("{doing}: {}", detail.join(": ")))
+}
+
+/// Counter values of one trigger, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CounterValues {
+    /// Entries of the function in the traced scope.
+    pub seen: u64,
+    /// Dropped, by reason.
+    pub dropped: Dropped,
+    /// Passed every filter.
+    pub accepted: u64,
+    /// Accepted but lost: the ring buffer was full.
+    pub lost: u64,
+}
+
+/// Hits dropped in the kernel, per filter (in the order they are checked).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Dropped {
+    pub tid: u64,
+    pub when: u64,
+    pub duration: u64,
+    pub every: u64,
+    pub rate: u64,
+    pub cooldown: u64,
+    /// `--slower-than` calls that left without a probed `ret`.
+    pub no_return: u64,
+}
+
+impl Dropped {
+    /// All drops.
+    pub fn total(&self) -> u64 {
+        self.tid
+            + self.when
+            + self.duration
+            + self.every
+            + self.rate
+            + self.cooldown
+            + self.no_return
+    }
+
+    /// `cooldown 9990, when 3`: the non-zero reasons.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = [
+            ("tid", self.tid),
+            ("when", self.when),
+            ("duration", self.duration),
+            ("every", self.every),
+            ("rate", self.rate),
+            ("cooldown", self.cooldown),
+            ("no-return", self.no_return),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+        parts.join(", ")
+    }
+}
+
+/// Reads the per-CPU counters (and open `--slower-than` calls).
+pub struct Counters {
+    counters: PerCpuArray<MapData, u64>,
+    frames: HashMap<MapData, FrameKey, FrameStack>,
+}
+
+impl Counters {
+    /// One trigger's counters, summed over CPUs.
+    pub fn read(&self, trigger: u32) -> CounterValues {
+        let get = |c: Counter| -> u64 {
+            self.counters
+                .get(&(trigger * NCOUNTERS + c as u32), 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
+        };
+        CounterValues {
+            seen: get(Counter::Seen),
+            dropped: Dropped {
+                tid: get(Counter::DropTid),
+                when: get(Counter::DropWhen),
+                duration: get(Counter::DropDuration),
+                every: get(Counter::DropEvery),
+                rate: get(Counter::DropRate),
+                cooldown: get(Counter::DropCooldown),
+                no_return: get(Counter::DropNoReturn),
+            },
+            accepted: get(Counter::Accepted),
+            lost: get(Counter::Lost),
+        }
+    }
+
+    /// `--slower-than` calls of a trigger that were entered and have not
+    /// returned (still running, or left in a way no probe saw).
+    pub fn open_calls(&self, trigger: u32) -> u64 {
+        self.frames
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.trigger == trigger)
+            .map(|(_, v)| u64::from(v.depth))
+            .sum()
+    }
+}

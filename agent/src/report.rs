@@ -1,0 +1,335 @@
+//! What the agent prints: one line per event, as text or (with `--json`) as
+//! newline-delimited JSON on stdout, each line flushed.
+//!
+//! JSON events have an `"event"` field: `armed`, `hit_accepted`, `snapshot`,
+//! `warning`, `summary`, `error`. Their fields are part of mt-agent's
+//! interface (README, "JSON events").
+
+use std::{
+    io::{self, Write},
+    path::PathBuf,
+    sync::Mutex,
+};
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::{
+    error::Failure,
+    probe::CounterValues,
+    symbols::insn::CostHint,
+    trigger::{IndexedHit, SnapshotKind, Stats},
+};
+
+/// Sent once both perf and the probe are ready.
+#[derive(Debug, Clone, Serialize)]
+pub struct Armed {
+    /// Traced process.
+    pub pid: i32,
+    /// perf's pid.
+    pub perf_pid: i32,
+    /// Sampled event and frequency (Hz).
+    pub event: String,
+    pub freq: u32,
+    /// Trigger function (demangled) and the object it is in.
+    pub symbol: String,
+    pub object: PathBuf,
+    /// File offset of the entry uprobe.
+    pub attach_offset: u64,
+    /// Number of uprobes attached (entry, plus returns for --slower-than).
+    pub uprobes: usize,
+    /// What a hit costs, from the probed instruction.
+    pub cost: Option<CostHint>,
+    /// Output directory.
+    pub output: PathBuf,
+    /// From the agent's start to armed, ms.
+    pub time_to_armed_ms: f64,
+    /// From spawning perf to its first acked `ping`, ms.
+    pub perf_ready_ms: f64,
+}
+
+/// One completed snapshot, as printed (the index has the same fields).
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotEvent<'a> {
+    /// Number of this snapshot (hit and tail counted together), from 1.
+    pub n: u64,
+    pub kind: SnapshotKind,
+    pub file: &'a str,
+    pub bytes: u64,
+    pub hits: &'a [IndexedHit],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hit_to_kill_ns: Option<u64>,
+}
+
+/// The end of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Why the run ended.
+    pub end: String,
+    /// The exit code the agent ends with.
+    pub exit_code: i32,
+    /// Kernel counters.
+    pub counters: CounterValues,
+    /// Userspace counts: delivered, merged, snapshots.
+    pub stats: Stats,
+    /// `--slower-than` calls entered but not returned when the run ended.
+    pub open_calls: u64,
+    /// perf's CPU time, seconds, and how it exited.
+    pub perf_cpu_s: Option<f64>,
+    pub perf_exit: Option<String>,
+    /// Agent's peak RSS (VmHWM), KiB.
+    pub agent_peak_rss_kib: Option<u64>,
+    /// Run time, seconds.
+    pub duration_s: f64,
+    pub output: PathBuf,
+}
+
+/// Prints events.
+pub struct Reporter {
+    json: bool,
+    verbose: bool,
+    out: Mutex<()>,
+}
+
+impl Reporter {
+    pub fn new(json: bool, verbose: bool) -> Self {
+        Self {
+            json,
+            verbose,
+            out: Mutex::new(()),
+        }
+    }
+
+    /// Whether events are JSON.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+
+    fn print(&self, line: &str) {
+        let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+
+    fn print_json(&self, value: serde_json::Value) {
+        self.print(&value.to_string());
+    }
+
+    fn event<T: Serialize>(&self, name: &str, body: &T) {
+        let mut v = serde_json::to_value(body).unwrap_or_else(|_| json!({}));
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("event".into(), json!(name));
+        }
+        self.print_json(v);
+    }
+
+    /// `armed`.
+    pub fn armed(&self, a: &Armed) {
+        if self.json {
+            return self.event("armed", a);
+        }
+        let cost = a
+            .cost
+            .as_ref()
+            .map(|c| format!("; a hit costs {}", c.describe()))
+            .unwrap_or_default();
+        self.print(&format!(
+            "armed in {:.0} ms (perf ready in {:.0} ms): perf (pid {}) records pid {} with {} at {} Hz; \
+             {} uprobe{} on {} in {}{cost}; writing to {}",
+            a.time_to_armed_ms,
+            a.perf_ready_ms,
+            a.perf_pid,
+            a.pid,
+            a.event,
+            a.freq,
+            a.uprobes,
+            if a.uprobes == 1 { "" } else { "s" },
+            a.symbol,
+            a.object.display(),
+            a.output.display()
+        ));
+    }
+
+    /// `hit_accepted`: printed in JSON mode, and at -v in text mode.
+    pub fn hit(&self, h: &IndexedHit) {
+        if self.json {
+            return self.event("hit_accepted", h);
+        }
+        if self.verbose {
+            self.print(&format!(
+                "hit {}: tid {} cpu {} args {}",
+                h.seq,
+                h.tid,
+                h.cpu,
+                args(&h.args)
+            ));
+        }
+    }
+
+    /// `snapshot`.
+    pub fn snapshot(&self, s: &SnapshotEvent<'_>) {
+        if self.json {
+            return self.event("snapshot", s);
+        }
+        let size = human_bytes(s.bytes);
+        match s.kind {
+            SnapshotKind::Hit => {
+                let first = &s.hits[0];
+                let merged = s.hits.len() - 1;
+                let merged = if merged > 0 {
+                    format!(" (+{merged} merged)")
+                } else {
+                    String::new()
+                };
+                let dur = first
+                    .duration_ns
+                    .map(|d| format!(", call took {}", human_ns(d)))
+                    .unwrap_or_default();
+                let kill = s
+                    .hit_to_kill_ns
+                    .map(|k| format!(", signalled {} after the hit", human_ns(k)))
+                    .unwrap_or_default();
+                self.print(&format!(
+                    "snapshot {}: {} ({size}): hit {} in tid {}, args {}{dur}{kill}{merged}",
+                    s.n,
+                    s.file,
+                    first.seq,
+                    first.tid,
+                    args(&first.args)
+                ));
+            }
+            SnapshotKind::Tail => {
+                let hits = if s.hits.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} late hit(s) merged", s.hits.len())
+                };
+                self.print(&format!("tail {}: {} ({size}){hits}", s.n, s.file));
+            }
+        }
+    }
+
+    /// `warning`: text goes to stderr, JSON to stdout.
+    pub fn warning(&self, message: &str) {
+        if self.json {
+            return self.print_json(json!({"event": "warning", "message": message}));
+        }
+        eprintln!("mt-agent: warning: {message}");
+    }
+
+    /// Detail at -v (text only).
+    pub fn verbose(&self, message: &str) {
+        if self.verbose && !self.json {
+            eprintln!("mt-agent: {message}");
+        }
+    }
+
+    /// `summary`.
+    pub fn summary(&self, s: &Summary) {
+        if self.json {
+            return self.event("summary", s);
+        }
+        let c = &s.counters;
+        let dropped = c.dropped.total();
+        let why = if dropped > 0 {
+            format!(" ({})", c.dropped.describe())
+        } else {
+            String::new()
+        };
+        let open = if s.open_calls > 0 {
+            format!(", {} calls still open", s.open_calls)
+        } else {
+            String::new()
+        };
+        self.print(&format!(
+            "summary: seen {}, dropped {dropped}{why}, accepted {}, merged {}, lost {}{open}; \
+             snapshots: {} hit + {} tail in {}",
+            c.seen,
+            c.accepted,
+            s.stats.merged,
+            c.lost,
+            s.stats.hit_snapshots,
+            s.stats.tail_snapshots,
+            s.output.display()
+        ));
+        let perf = match (&s.perf_exit, s.perf_cpu_s) {
+            (Some(e), Some(cpu)) => format!("; perf used {cpu:.2} s CPU and ended with {e}"),
+            (Some(e), None) => format!("; perf ended with {e}"),
+            _ => String::new(),
+        };
+        let unsnap = if s.stats.unsnapshotted > 0 {
+            format!(
+                "; {} hits got no snapshot (perf ended first)",
+                s.stats.unsnapshotted
+            )
+        } else {
+            String::new()
+        };
+        self.print(&format!(
+            "ended: {} after {:.1} s{perf}{unsnap}",
+            s.end, s.duration_s
+        ));
+    }
+
+    /// `error`: one line (plus detail lines) on stderr, or a JSON event.
+    pub fn error(&self, f: &Failure) {
+        if self.json {
+            return self.print_json(json!({
+                "event": "error",
+                "message": f.message,
+                "detail": f.detail,
+                "exit_code": f.code as i32,
+            }));
+        }
+        eprintln!("mt-agent: error: {}", f.message);
+        for d in &f.detail {
+            eprintln!("  {d}");
+        }
+    }
+}
+
+fn args(a: &[u64]) -> String {
+    let parts: Vec<String> = a
+        .iter()
+        .map(|v| {
+            if *v < 10 {
+                v.to_string()
+            } else {
+                format!("{v:#x}")
+            }
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// `153 µs`, `1.2 ms`, `850 ns`.
+pub fn human_ns(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 => format!("{:.2} s", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} ms", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{} µs", n / 1_000),
+        n => format!("{n} ns"),
+    }
+}
+
+/// `5.3 KiB`, `1.2 MiB`.
+pub fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_ns(153_000), "153 µs");
+        assert_eq!(human_ns(1_200_000), "1.2 ms");
+        assert_eq!(human_bytes(5416), "5.3 KiB");
+    }
+}

@@ -1,0 +1,359 @@
+//! Reading one ELF object: its symbol tables, LOAD segments, build-id and
+//! debug link. Uses the `object` crate; files are memory-mapped.
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, bail};
+use memmap2::Mmap;
+use object::{
+    Endianness, Object as _,
+    elf::{self, PT_LOAD},
+    read::elf::{ElfFile64, ProgramHeader as _, Sym as _, SymbolTable},
+};
+
+/// Which table a symbol came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Table {
+    /// `.symtab` of the object.
+    Symtab,
+    /// `.dynsym` of the object.
+    Dynsym,
+    /// `.symtab` of a separate debug file.
+    DebugFile(PathBuf),
+}
+
+impl Table {
+    /// Short label for listings.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Table::Symtab => ".symtab",
+            Table::Dynsym => ".dynsym",
+            Table::DebugFile(_) => "debug file",
+        }
+    }
+}
+
+/// Symbol type, as far as mt-agent cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SymKind {
+    /// `STT_FUNC`.
+    Func,
+    /// `STT_GNU_IFUNC`: a resolver that picks an implementation at run time.
+    Ifunc,
+    /// `STT_OBJECT` or `STT_TLS`.
+    Data,
+}
+
+/// A defined symbol of interest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElfSymbol {
+    /// Name as in the table; for `.dynsym`, with `@VER` or `@@VER` added
+    /// from the version table.
+    pub name: String,
+    /// `st_value`: the ELF virtual address.
+    pub value: u64,
+    /// `st_size`, bytes.
+    pub size: u64,
+    pub kind: SymKind,
+    pub table: Table,
+}
+
+/// A PT_LOAD program header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub filesz: u64,
+    pub executable: bool,
+}
+
+/// Converts an ELF virtual address to a file offset through the LOAD
+/// segment that contains it: `vaddr - p_vaddr + p_offset`. Section headers
+/// are not used: binaries linked with lld lay sections out differently.
+pub fn vaddr_to_offset(segments: &[Segment], vaddr: u64) -> Option<u64> {
+    segments
+        .iter()
+        .find(|s| vaddr >= s.vaddr && vaddr < s.vaddr + s.filesz)
+        .map(|s| vaddr - s.vaddr + s.offset)
+}
+
+/// Converts a file offset to an ELF virtual address (the inverse of
+/// [`vaddr_to_offset`]).
+pub fn offset_to_vaddr(segments: &[Segment], offset: u64) -> Option<u64> {
+    segments
+        .iter()
+        .find(|s| offset >= s.offset && offset < s.offset + s.filesz)
+        .map(|s| offset - s.offset + s.vaddr)
+}
+
+/// A memory-mapped ELF file.
+pub struct ElfObject {
+    pub path: PathBuf,
+    data: Mmap,
+}
+
+impl ElfObject {
+    /// Maps and checks the file: a 64-bit little-endian ELF.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
+        // SAFETY: the mapping is read-only; if the file changes underneath,
+        // we may read inconsistent bytes, which parsing tolerates.
+        let data =
+            unsafe { Mmap::map(&file) }.with_context(|| format!("mmap {}", path.display()))?;
+        let this = Self {
+            path: path.to_path_buf(),
+            data,
+        };
+        this.elf()?;
+        Ok(this)
+    }
+
+    fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness>> {
+        match ElfFile64::<Endianness>::parse(&*self.data) {
+            Ok(f) => Ok(f),
+            Err(e) => bail!("{} is not a 64-bit ELF object: {e}", self.path.display()),
+        }
+    }
+
+    /// The file's bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// PT_LOAD segments.
+    pub fn segments(&self) -> Vec<Segment> {
+        let Ok(f) = self.elf() else { return Vec::new() };
+        let e = f.endian();
+        f.elf_program_headers()
+            .iter()
+            .filter(|p| p.p_type(e) == PT_LOAD)
+            .map(|p| Segment {
+                vaddr: p.p_vaddr(e),
+                offset: p.p_offset(e),
+                filesz: p.p_filesz(e),
+                executable: p.p_flags(e) & elf::PF_X != 0,
+            })
+            .collect()
+    }
+
+    /// Whether the object has a `.symtab` (is not stripped).
+    pub fn has_symtab(&self) -> bool {
+        self.elf().is_ok_and(|f| !f.elf_symbol_table().is_empty())
+    }
+
+    /// Whether this is a Go binary (it has a `.go.buildinfo` section).
+    pub fn is_go(&self) -> bool {
+        self.elf()
+            .is_ok_and(|f| f.section_by_name(".go.buildinfo").is_some())
+    }
+
+    /// The GNU build-id note, if any.
+    pub fn build_id(&self) -> Option<Vec<u8>> {
+        self.elf().ok()?.build_id().ok()?.map(<[u8]>::to_vec)
+    }
+
+    /// `.gnu_debuglink`: the debug file's name and CRC-32.
+    pub fn debuglink(&self) -> Option<(String, u32)> {
+        let (name, crc) = self.elf().ok()?.gnu_debuglink().ok()??;
+        Some((String::from_utf8_lossy(name).into_owned(), crc))
+    }
+
+    /// Defined symbols of `.symtab`.
+    pub fn symtab(&self) -> Vec<ElfSymbol> {
+        self.symbols_of(false, Table::Symtab)
+    }
+
+    /// Defined symbols of `.dynsym`, with their versions.
+    pub fn dynsym(&self) -> Vec<ElfSymbol> {
+        self.symbols_of(true, Table::Dynsym)
+    }
+
+    /// Defined symbols of `.symtab`, labelled as coming from this debug file.
+    pub fn debug_symbols(&self) -> Vec<ElfSymbol> {
+        self.symbols_of(false, Table::DebugFile(self.path.clone()))
+    }
+
+    fn symbols_of(&self, dynamic: bool, table: Table) -> Vec<ElfSymbol> {
+        let Ok(f) = self.elf() else { return Vec::new() };
+        let e = f.endian();
+        let symbols: &SymbolTable<'_, _, &[u8]> = if dynamic {
+            f.elf_dynamic_symbol_table()
+        } else {
+            f.elf_symbol_table()
+        };
+        let versions = if dynamic {
+            f.elf_section_table()
+                .versions(e, &*self.data)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let strings = symbols.strings();
+        let mut out = Vec::new();
+        for (index, sym) in symbols.enumerate() {
+            if sym.is_undefined(e) {
+                continue;
+            }
+            let kind = match sym.st_type() {
+                elf::STT_FUNC => SymKind::Func,
+                elf::STT_GNU_IFUNC => SymKind::Ifunc,
+                elf::STT_OBJECT | elf::STT_TLS => SymKind::Data,
+                _ => continue,
+            };
+            let Ok(name) = sym.name(e, strings) else {
+                continue;
+            };
+            if name.is_empty() {
+                continue;
+            }
+            let mut name = String::from_utf8_lossy(name).into_owned();
+            if let Some(v) = &versions {
+                let vi = v.version_index(e, index);
+                if let Ok(Some(ver)) = v.version(vi) {
+                    let sep = if vi.is_hidden() { "@" } else { "@@" };
+                    name = format!("{name}{sep}{}", String::from_utf8_lossy(ver.name()));
+                }
+            }
+            out.push(ElfSymbol {
+                name,
+                value: sym.st_value(e),
+                size: sym.st_size(e),
+                kind,
+                table: table.clone(),
+            });
+        }
+        out
+    }
+}
+
+/// Where separate debug info for an object may be, in lookup order: by
+/// build-id under `/usr/lib/debug/.build-id/`, then by `.gnu_debuglink` next
+/// to the object, in its `.debug/`, and under `/usr/lib/debug/`. Each path is
+/// tried in the target's root first (containers), then in ours.
+pub fn debug_candidates(
+    pid: i32,
+    object_path: &Path,
+    build_id: Option<&[u8]>,
+    debuglink: Option<&str>,
+) -> Vec<PathBuf> {
+    let mut rel: Vec<PathBuf> = Vec::new();
+    if let Some(id) = build_id.filter(|id| id.len() >= 2) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        rel.push(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]).into());
+    }
+    if let Some(link) = debuglink {
+        let dir = object_path.parent().unwrap_or(Path::new("/"));
+        rel.push(dir.join(link));
+        rel.push(dir.join(".debug").join(link));
+        rel.push(
+            Path::new("/usr/lib/debug")
+                .join(dir.strip_prefix("/").unwrap_or(dir))
+                .join(link),
+        );
+    }
+    let mut out = Vec::new();
+    for p in rel {
+        out.push(crate::target::in_root(pid, &p));
+        out.push(p);
+    }
+    out.dedup();
+    out
+}
+
+/// Finds and opens the separate debug file of `object`, checking that it
+/// belongs to it (same build-id, or the debuglink CRC-32 when there is no
+/// build-id). Returns it and the paths searched.
+pub fn find_debug_file(
+    pid: i32,
+    object_path: &Path,
+    object: &ElfObject,
+) -> (Option<ElfObject>, Vec<PathBuf>) {
+    let build_id = object.build_id();
+    let link = object.debuglink();
+    let searched = debug_candidates(
+        pid,
+        object_path,
+        build_id.as_deref(),
+        link.as_ref().map(|(n, _)| n.as_str()),
+    );
+    let own = std::fs::metadata(&object.path).ok();
+    for cand in &searched {
+        let Ok(meta) = std::fs::metadata(cand) else {
+            continue;
+        };
+        if own.as_ref().is_some_and(|o| {
+            use std::os::unix::fs::MetadataExt as _;
+            o.ino() == meta.ino() && o.dev() == meta.dev()
+        }) {
+            continue;
+        }
+        let Ok(debug) = ElfObject::open(cand) else {
+            continue;
+        };
+        let belongs = match (&build_id, debug.build_id()) {
+            (Some(a), Some(b)) => *a == b,
+            _ => link
+                .as_ref()
+                .is_some_and(|(_, crc)| crc32fast::hash(debug.data()) == *crc),
+        };
+        if belongs && debug.has_symtab() {
+            return (Some(debug), searched);
+        }
+    }
+    (None, searched)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_come_from_load_segments() {
+        // An lld-style layout: text at vaddr 0x2000 but file offset 0x1000.
+        let segs = [
+            Segment {
+                vaddr: 0,
+                offset: 0,
+                filesz: 0x800,
+                executable: false,
+            },
+            Segment {
+                vaddr: 0x2000,
+                offset: 0x1000,
+                filesz: 0x500,
+                executable: true,
+            },
+        ];
+        assert_eq!(vaddr_to_offset(&segs, 0x2100), Some(0x1100));
+        assert_eq!(offset_to_vaddr(&segs, 0x1100), Some(0x2100));
+        assert_eq!(vaddr_to_offset(&segs, 0x1000), None);
+    }
+
+    #[test]
+    fn debug_file_candidates() {
+        let c = debug_candidates(
+            7,
+            Path::new("/usr/bin/app"),
+            Some(&[0xab, 0xcd, 0xef]),
+            Some("app.debug"),
+        );
+        let c: Vec<String> = c.iter().map(|p| p.display().to_string()).collect();
+        assert_eq!(c[0], "/proc/7/root/usr/lib/debug/.build-id/ab/cdef.debug");
+        assert_eq!(c[1], "/usr/lib/debug/.build-id/ab/cdef.debug");
+        assert!(c.contains(&"/usr/bin/.debug/app.debug".to_string()));
+        assert!(c.contains(&"/usr/lib/debug/usr/bin/app.debug".to_string()));
+    }
+
+    #[test]
+    fn reads_our_own_executable() {
+        let exe = std::env::current_exe().unwrap();
+        let o = ElfObject::open(&exe).unwrap();
+        assert!(!o.segments().is_empty());
+        assert!(o.segments().iter().any(|s| s.executable));
+        assert!(o.symtab().iter().any(|s| s.kind == SymKind::Func));
+    }
+}

@@ -1,0 +1,676 @@
+//! Finding the trigger: from `--symbol` (and `--object`, `--offset`,
+//! `--address`) to a file and offset to attach a uprobe to.
+//!
+//! Rules:
+//! * Search the main executable first, then every ELF object in
+//!   /proc/PID/maps, opened as the process sees it through /proc/PID/root
+//!   (containers), or through /proc/PID/map_files when the file on disk was
+//!   replaced after it was mapped.
+//! * In each object, look in `.symtab`, then `.dynsym`, then separate debug
+//!   info (by build-id or `.gnu_debuglink`).
+//! * Names match raw, versioned (`foo@@V2` as `foo`), or demangled (C++ with
+//!   or without parameters, Rust with or without hash).
+//! * Exactly one function must match. Compiler clones are never picked
+//!   silently; data symbols and IFUNCs are refused with a reason.
+//! * The file offset comes from the LOAD program header containing the
+//!   symbol, not from section headers.
+
+pub mod elf;
+pub mod insn;
+pub mod maps;
+pub mod names;
+
+use std::{
+    cell::OnceCell,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+use crate::error::Failure;
+use elf::{ElfObject, ElfSymbol, Segment, SymKind};
+use insn::CostHint;
+use maps::MappedObject;
+use names::{NameMatch, SymbolName};
+
+/// What the user asked to probe.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    /// `--symbol`.
+    pub symbol: Option<String>,
+    /// `--object`.
+    pub object: Option<String>,
+    /// `--offset`: bytes into the function.
+    pub offset: Option<u64>,
+    /// `--address`: a virtual address in the target.
+    pub address: Option<u64>,
+}
+
+/// A function in a mapped object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Function {
+    /// Name as in the symbol table (with `@VERSION` for versioned symbols).
+    pub name: String,
+    /// Demangled name (equal to `name` for C names).
+    pub demangled: String,
+    /// `st_value`: the ELF virtual address.
+    pub elf_address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// File offset of the first byte.
+    pub file_offset: u64,
+    /// `.symtab`, `.dynsym` or `debug file`.
+    pub table: &'static str,
+}
+
+/// The probe point found for a query.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    /// The function.
+    pub function: Function,
+    /// The object it is in.
+    pub object: MappedObject,
+    /// Bytes into the function where the probe goes.
+    pub probe_offset: u64,
+    /// File offset to attach the uprobe to.
+    pub attach_offset: u64,
+    /// What a hit costs, from the probed instruction.
+    pub cost: Option<CostHint>,
+    /// The object is a Go binary (register ABI for arguments).
+    pub is_go: bool,
+    /// The function's bytes.
+    pub body: Vec<u8>,
+    /// The function's `.cold` part, if the compiler split one off, and its bytes.
+    pub cold: Option<(Function, Vec<u8>)>,
+    /// Things the user should know (clones, replaced file, debug file).
+    pub notes: Vec<String>,
+}
+
+impl Resolution {
+    /// `handle_request in /usr/bin/app (+0x1139)`.
+    pub fn describe(&self) -> String {
+        let off = if self.probe_offset > 0 {
+            format!("+{:#x}", self.probe_offset)
+        } else {
+            String::new()
+        };
+        format!(
+            "{}{off} in {} (file offset {:#x})",
+            self.function.demangled,
+            self.object.path.display(),
+            self.attach_offset
+        )
+    }
+}
+
+/// Why a query found nothing to probe.
+#[derive(Debug)]
+pub enum ResolveError {
+    /// Nothing matched; the symbol may still appear (dlopen).
+    NotFound(Failure),
+    /// Anything else: ambiguous, refused, unreadable.
+    Other(Failure),
+}
+
+impl From<ResolveError> for Failure {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::NotFound(f) | ResolveError::Other(f) => f,
+        }
+    }
+}
+
+/// One mapped object, opened.
+struct View {
+    mapped: MappedObject,
+    elf: ElfObject,
+    segments: Vec<Segment>,
+    symtab: OnceCell<Vec<ElfSymbol>>,
+    dynsym: OnceCell<Vec<ElfSymbol>>,
+    debug: OnceCell<(Vec<ElfSymbol>, Option<PathBuf>, Vec<PathBuf>)>,
+}
+
+impl View {
+    fn open(mapped: MappedObject) -> Option<Self> {
+        let elf = ElfObject::open(&mapped.open_path).ok()?;
+        let segments = elf.segments();
+        Some(Self {
+            mapped,
+            elf,
+            segments,
+            symtab: OnceCell::new(),
+            dynsym: OnceCell::new(),
+            debug: OnceCell::new(),
+        })
+    }
+
+    fn symtab(&self) -> &[ElfSymbol] {
+        self.symtab.get_or_init(|| self.elf.symtab())
+    }
+
+    fn dynsym(&self) -> &[ElfSymbol] {
+        self.dynsym.get_or_init(|| self.elf.dynsym())
+    }
+
+    fn debug(&self, pid: i32) -> &(Vec<ElfSymbol>, Option<PathBuf>, Vec<PathBuf>) {
+        self.debug.get_or_init(|| {
+            let (file, searched) = elf::find_debug_file(pid, &self.mapped.path, &self.elf);
+            match file {
+                Some(f) => (f.debug_symbols(), Some(f.path.clone()), searched),
+                None => (Vec::new(), None, searched),
+            }
+        })
+    }
+
+    /// The tables in lookup order: .symtab, .dynsym, then the debug file.
+    fn tables(&self, pid: i32) -> [&[ElfSymbol]; 3] {
+        [self.symtab(), self.dynsym(), &self.debug(pid).0]
+    }
+
+    fn function(&self, s: &ElfSymbol) -> Option<Function> {
+        let file_offset = elf::vaddr_to_offset(&self.segments, s.value)?;
+        Some(Function {
+            name: s.name.clone(),
+            demangled: SymbolName::new(&s.name).demangled,
+            elf_address: s.value,
+            size: s.size,
+            file_offset,
+            table: s.table.label(),
+        })
+    }
+
+    fn bytes(&self, f: &Function) -> Vec<u8> {
+        let data = self.elf.data();
+        let start = (f.file_offset as usize).min(data.len());
+        let end = (f.file_offset.saturating_add(f.size) as usize).min(data.len());
+        data[start..end].to_vec()
+    }
+
+    /// Where a file offset of this object is mapped in the target, if it is.
+    fn runtime_address(&self, file_offset: u64) -> Option<u64> {
+        self.mapped
+            .mappings
+            .iter()
+            .find(|m| file_offset >= m.offset && file_offset < m.offset + (m.end - m.start))
+            .map(|m| m.start + (file_offset - m.offset))
+    }
+
+    fn label(&self) -> String {
+        self.mapped.path.display().to_string()
+    }
+}
+
+fn open_views(pid: i32, object: Option<&str>) -> Result<Vec<View>, ResolveError> {
+    let objects = maps::read_objects(pid).map_err(|e| {
+        let f = if e.kind() == std::io::ErrorKind::PermissionDenied {
+            Failure::environment(format!(
+                "cannot read /proc/{pid}/maps (permission denied); run as root or with \
+                 CAP_SYS_PTRACE (see `mt-agent check`)"
+            ))
+        } else {
+            Failure::usage(format!(
+                "cannot read /proc/{pid}/maps: {e}; is pid {pid} running?"
+            ))
+        };
+        ResolveError::Other(f)
+    })?;
+    let all: Vec<String> = objects.iter().map(MappedObject::file_name).collect();
+    let selected: Vec<MappedObject> = match object {
+        Some(o) => objects
+            .into_iter()
+            .filter(|m| m.selected_by(pid, o))
+            .collect(),
+        None => objects,
+    };
+    if selected.is_empty() {
+        let o = object.unwrap_or_default();
+        let mut shown = all;
+        shown.dedup();
+        return Err(ResolveError::NotFound(
+            Failure::usage(format!(
+                "no object mapped by pid {pid} matches --object {o}; give a path or a file \
+                 name from the list below (or --wait-for-symbol if it is loaded later)"
+            ))
+            .with_detail(shown.into_iter().take(30).map(|n| format!("mapped: {n}"))),
+        ));
+    }
+    Ok(selected.into_iter().filter_map(View::open).collect())
+}
+
+/// Finds the probe point for `q` in process `pid`.
+pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
+    let views = open_views(pid, q.object.as_deref())?;
+    let (view, function, probe_offset) = match (&q.symbol, q.address) {
+        (_, Some(addr)) => {
+            let (v, f, off) = by_address(pid, &views, addr)?;
+            if let Some(sym) = &q.symbol
+                && SymbolName::new(&f.name).matches(sym) != Some(NameMatch::Exact)
+            {
+                return Err(ResolveError::Other(Failure::usage(format!(
+                    "--address {addr:#x} is in {} in {}, not in {sym}; drop --symbol or fix the address",
+                    f.demangled,
+                    v.label()
+                ))));
+            }
+            (v, f, off)
+        }
+        (Some(sym), None) => {
+            let (v, f) = by_name(pid, &views, sym)?;
+            (v, f, q.offset.unwrap_or(0))
+        }
+        (None, None) => {
+            return Err(ResolveError::Other(Failure::usage(
+                "give --symbol NAME or --address 0xADDR",
+            )));
+        }
+    };
+    finish(pid, view, function, probe_offset)
+}
+
+/// Like [`resolve`], but while nothing matches, polls the target's mappings
+/// every 100 ms for up to `wait` (a library still to be dlopen'ed).
+pub fn resolve_waiting(pid: i32, q: &Query, wait: Option<Duration>) -> Result<Resolution, Failure> {
+    let deadline = wait.map(|w| Instant::now() + w);
+    loop {
+        match resolve(pid, q) {
+            Ok(r) => return Ok(r),
+            Err(ResolveError::NotFound(f)) => match deadline {
+                Some(d) if Instant::now() < d => {
+                    if !crate::target::is_alive(pid) {
+                        return Err(Failure::usage(format!(
+                            "pid {pid} exited while waiting for the symbol to be mapped"
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Some(_) => {
+                    let mut f = f;
+                    f.message = format!(
+                        "{} (waited {})",
+                        f.message,
+                        humantime::format_duration(wait.unwrap_or_default())
+                    );
+                    return Err(f);
+                }
+                None => return Err(f),
+            },
+            Err(ResolveError::Other(f)) => return Err(f),
+        }
+    }
+}
+
+fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resolution, ResolveError> {
+    let body = v.bytes(&f);
+    if probe_offset >= f.size.max(1) {
+        return Err(ResolveError::Other(Failure::usage(format!(
+            "--offset {probe_offset} is past the end of {} ({} bytes); give an offset inside it",
+            f.demangled, f.size
+        ))));
+    }
+    if !insn::is_boundary(&body, probe_offset) {
+        return Err(ResolveError::Other(Failure::usage(format!(
+            "offset {probe_offset:#x} into {} is not an instruction boundary; a probe there \
+             would corrupt the target. Pick a boundary from `objdump -d`",
+            f.demangled
+        ))));
+    }
+    let attach_offset = f.file_offset + probe_offset;
+    let cost = insn::cost_hint(&body[probe_offset as usize..], f.elf_address + probe_offset);
+    let mut notes = Vec::new();
+    if v.mapped.deleted {
+        notes.push(format!(
+            "{} on disk differs from the running file (replaced or deleted); attaching \
+             through {}, which reaches the running file",
+            v.mapped.path.display(),
+            v.mapped.open_path.display()
+        ));
+    }
+    if f.table == "debug file"
+        && let Some(p) = &v.debug(pid).1
+    {
+        notes.push(format!(
+            "symbol found in separate debug info {}",
+            p.display()
+        ));
+    }
+    // Clones that callers may call instead of the function itself.
+    let query = f.name.clone();
+    let mut clones: Vec<String> = Vec::new();
+    let mut cold = None;
+    for table in v.tables(pid) {
+        for s in table
+            .iter()
+            .filter(|s| s.kind == SymKind::Func && s.size > 0)
+        {
+            let n = SymbolName::new(&s.name);
+            if n.matches(names::strip_version(&query)) == Some(NameMatch::Clone) {
+                if n.raw.contains(".cold") {
+                    if cold.is_none()
+                        && let Some(cf) = v.function(s)
+                    {
+                        let bytes = v.bytes(&cf);
+                        cold = Some((cf, bytes));
+                    }
+                } else if !clones.contains(&s.name) {
+                    clones.push(s.name.clone());
+                }
+            }
+        }
+    }
+    if !clones.is_empty() {
+        notes.push(format!(
+            "the compiler also made clones of {}: {}; calls that go to a clone do not trigger",
+            f.demangled,
+            clones.join(", ")
+        ));
+    }
+    Ok(Resolution {
+        is_go: v.elf.is_go(),
+        object: v.mapped.clone(),
+        function: f,
+        probe_offset,
+        attach_offset,
+        cost,
+        body,
+        cold,
+        notes,
+    })
+}
+
+/// A symbol that matched a name, with where it came from.
+struct Candidate<'a> {
+    view: &'a View,
+    sym: &'a ElfSymbol,
+    how: NameMatch,
+}
+
+fn by_name<'a>(
+    pid: i32,
+    views: &'a [View],
+    query: &'a str,
+) -> Result<(&'a View, Function), ResolveError> {
+    let mut found: Vec<Candidate<'a>> = Vec::new();
+    for v in views {
+        // .symtab, then .dynsym, then the debug file: stop at the first
+        // table of this object that has the function itself.
+        let start = found.len();
+        let has_exact =
+            |found: &[Candidate<'_>]| found[start..].iter().any(|c| c.how == NameMatch::Exact);
+        for syms in [v.symtab(), v.dynsym()] {
+            found.extend(matching(v, syms, query));
+            if has_exact(&found) {
+                break;
+            }
+        }
+        if !has_exact(&found) {
+            found.extend(matching(v, &v.debug(pid).0, query));
+        }
+    }
+
+    let exact_funcs =
+        distinct(found.iter().filter(|c| {
+            c.how == NameMatch::Exact && c.sym.kind == SymKind::Func && c.sym.size > 0
+        }));
+    match exact_funcs.len() {
+        1 => {
+            let c = exact_funcs[0];
+            let f = c.view.function(c.sym).ok_or_else(|| {
+                ResolveError::Other(Failure::usage(format!(
+                    "{query} at {:#x} in {} is outside every LOAD segment; it cannot be probed",
+                    c.sym.value,
+                    c.view.label()
+                )))
+            })?;
+            return Ok((c.view, f));
+        }
+        n if n > 1 => {
+            return Err(ResolveError::Other(
+                Failure::usage(format!(
+                    "{query} matches {n} functions; pick one with --object PATH|NAME \
+                     (or give the full mangled or versioned name)"
+                ))
+                .with_detail(exact_funcs.iter().map(|c| listing_line(c.view, c.sym))),
+            ));
+        }
+        _ => {}
+    }
+
+    let exact = |kind: SymKind| -> Vec<&Candidate<'a>> {
+        found
+            .iter()
+            .filter(|c| c.how == NameMatch::Exact && c.sym.kind == kind)
+            .collect()
+    };
+    if let Some(c) = exact(SymKind::Ifunc).first() {
+        let candidates = ifunc_candidates(c.view, names::strip_version(&c.sym.name));
+        return Err(ResolveError::Other(
+            Failure::usage(format!(
+                "{query} in {} is a GNU indirect function (IFUNC): its resolver picks an \
+                 implementation at run time; probe one of the implementations below by name",
+                c.view.label()
+            ))
+            .with_detail(candidates),
+        ));
+    }
+    if let Some(c) = exact(SymKind::Data).first() {
+        return Err(ResolveError::Other(Failure::usage(format!(
+            "{query} in {} is a data symbol, not a function; give a function name \
+             (`mt-agent symbols --pid {pid} PATTERN` lists them)",
+            c.view.label()
+        ))));
+    }
+    if let Some(c) = exact(SymKind::Func).first() {
+        return Err(ResolveError::Other(Failure::usage(format!(
+            "{query} in {} has size 0 (no body); give a function with code",
+            c.view.label()
+        ))));
+    }
+    let clones =
+        distinct(found.iter().filter(|c| {
+            c.how == NameMatch::Clone && c.sym.kind == SymKind::Func && c.sym.size > 0
+        }));
+    if !clones.is_empty() {
+        return Err(ResolveError::Other(
+            Failure::usage(format!(
+                "{query} has no body of its own; the compiler made the clones below. \
+                 Probe one by its full name (e.g. --symbol '{}')",
+                clones[0].sym.name
+            ))
+            .with_detail(clones.iter().map(|c| listing_line(c.view, c.sym))),
+        ));
+    }
+    Err(ResolveError::NotFound(not_found(pid, views, query)))
+}
+
+fn matching<'a>(
+    view: &'a View,
+    syms: &'a [ElfSymbol],
+    query: &'a str,
+) -> impl Iterator<Item = Candidate<'a>> + 'a {
+    syms.iter().filter_map(move |sym| {
+        SymbolName::new(&sym.name)
+            .matches(query)
+            .map(|how| Candidate { view, sym, how })
+    })
+}
+
+/// Drops aliases: the same object and address is one function.
+fn distinct<'a, 'b>(it: impl Iterator<Item = &'b Candidate<'a>>) -> Vec<&'b Candidate<'a>> {
+    let mut out: Vec<&Candidate<'a>> = Vec::new();
+    for c in it {
+        if !out
+            .iter()
+            .any(|o| std::ptr::eq(o.view, c.view) && o.sym.value == c.sym.value)
+        {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn listing_line(v: &View, s: &ElfSymbol) -> String {
+    let addr = elf::vaddr_to_offset(&v.segments, s.value)
+        .and_then(|off| v.runtime_address(off))
+        .unwrap_or(s.value);
+    format!(
+        "{}  [{}]  in {}  at {addr:#x} ({} bytes)",
+        SymbolName::new(&s.name).demangled,
+        s.name,
+        v.label(),
+        s.size
+    )
+}
+
+fn ifunc_candidates(v: &View, name: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in v.symtab().iter().chain(v.dynsym()) {
+        let base = names::strip_version(&s.name);
+        if s.kind == SymKind::Func
+            && s.size > 0
+            && base != name
+            && (base.starts_with(&format!("__{name}_")) || base.starts_with(&format!("{name}_")))
+            && !out.iter().any(|o| o.starts_with(base))
+        {
+            out.push(format!("{base}  ({} bytes)", s.size));
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        out.push("(no implementations found by name; see `mt-agent symbols`)".into());
+    }
+    out.truncate(20);
+    out
+}
+
+fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
+    let mut shorts: Vec<String> = Vec::new();
+    for v in views {
+        for table in v.tables(pid) {
+            for s in table
+                .iter()
+                .filter(|s| s.kind == SymKind::Func && s.size > 0)
+            {
+                shorts.push(SymbolName::new(&s.name).short().to_string());
+            }
+        }
+    }
+    shorts.sort();
+    shorts.dedup();
+    let similar = names::closest(query, shorts.iter().map(String::as_str), 5);
+    let mut detail: Vec<String> = similar.iter().map(|s| format!("similar: {s}")).collect();
+    for v in views.iter().filter(|v| !v.elf.has_symtab()) {
+        let (_, file, searched) = v.debug(pid);
+        if file.is_none() {
+            detail.push(format!(
+                "{} is stripped (no .symtab) and no debug info was found; looked in: {}",
+                v.label(),
+                searched
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    let scope = if views.len() == 1 {
+        format!("in {}", views[0].label())
+    } else {
+        format!("in the {} objects pid {pid} has mapped", views.len())
+    };
+    Failure::usage(format!(
+        "no function {query} {scope}; check the name (`mt-agent symbols --pid {pid} PATTERN`), \
+         or add --wait-for-symbol DURATION if a library that has it is loaded later (dlopen)"
+    ))
+    .with_detail(detail)
+}
+
+fn by_address(pid: i32, views: &[View], addr: u64) -> Result<(&View, Function, u64), ResolveError> {
+    let hit = views.iter().find_map(|v| {
+        v.mapped
+            .mappings
+            .iter()
+            .find(|m| addr >= m.start && addr < m.end)
+            .map(|m| (v, addr - m.start + m.offset))
+    });
+    let Some((v, file_offset)) = hit else {
+        return Err(ResolveError::Other(Failure::usage(format!(
+            "address {addr:#x} is not in any file mapped by pid {pid}; take it from /proc/{pid}/maps \
+             or `mt-agent symbols`"
+        ))));
+    };
+    let vaddr = elf::offset_to_vaddr(&v.segments, file_offset).unwrap_or(u64::MAX);
+    for table in v.tables(pid) {
+        if let Some(s) = table.iter().find(|s| {
+            s.kind == SymKind::Func && s.size > 0 && vaddr >= s.value && vaddr < s.value + s.size
+        }) && let Some(f) = v.function(s)
+        {
+            return Ok((v, f, vaddr - s.value));
+        }
+    }
+    Err(ResolveError::Other(Failure::usage(format!(
+        "address {addr:#x} ({} + file offset {file_offset:#x}) is not inside a known function; \
+         mt-agent needs the function to check the instruction boundary",
+        v.label()
+    ))))
+}
+
+/// One row of `mt-agent symbols`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    pub demangled: String,
+    pub mangled: String,
+    pub object: PathBuf,
+    /// Runtime virtual address in the target.
+    pub address: u64,
+    pub elf_address: u64,
+    pub size: u64,
+    pub table: &'static str,
+    pub cost: Option<CostHint>,
+}
+
+/// Lists the functions whose raw or demangled name contains `pattern`,
+/// across the target's mapped objects (or the one `object` selects).
+pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec<Listed>, Failure> {
+    let views = open_views(pid, object).map_err(Failure::from)?;
+    let mut out = Vec::new();
+    for v in &views {
+        let mut seen = std::collections::HashSet::new();
+        let stripped = !v.elf.has_symtab();
+        let tables: Vec<&[ElfSymbol]> = if stripped {
+            vec![v.dynsym(), &v.debug(pid).0]
+        } else {
+            vec![v.symtab(), v.dynsym()]
+        };
+        for table in tables {
+            for s in table
+                .iter()
+                .filter(|s| s.kind == SymKind::Func && s.size > 0)
+            {
+                let n = SymbolName::new(&s.name);
+                if let Some(p) = pattern
+                    && !s.name.contains(p)
+                    && !n.demangled.contains(p)
+                {
+                    continue;
+                }
+                if !seen.insert(s.value) {
+                    continue;
+                }
+                let Some(f) = v.function(s) else { continue };
+                let bytes = v.bytes(&f);
+                out.push(Listed {
+                    demangled: n.demangled,
+                    mangled: s.name.clone(),
+                    object: v.mapped.path.clone(),
+                    address: v.runtime_address(f.file_offset).unwrap_or(s.value),
+                    elf_address: s.value,
+                    size: s.size,
+                    table: s.table.label(),
+                    cost: insn::cost_hint(&bytes, s.value),
+                });
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,259 @@
+//! Symbol names: demangling (Rust v0 and legacy, C++) and the rules by which
+//! a user's `--symbol` matches a symbol. Pure functions.
+
+use cpp_demangle::DemangleOptions;
+
+/// Suffixes that GCC and Clang give to compiler clones of a function `f`:
+/// `f.constprop.0`, `f.isra.0`, `f.part.0`, `f.cold`, `f.lto_priv.0`. A clone
+/// is a different body than `f`, so it is never picked silently.
+const CLONE_SUFFIXES: &[&str] = &[
+    "constprop",
+    "isra",
+    "part",
+    "cold",
+    "lto_priv",
+    "clone",
+    "specialized",
+];
+
+/// How a symbol name answers a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameMatch {
+    /// The symbol is the function asked for.
+    Exact,
+    /// The symbol is a compiler clone of the function asked for.
+    Clone,
+}
+
+/// The forms of one symbol name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymbolName {
+    /// As in the symbol table, without any `@VERSION` suffix.
+    pub raw: String,
+    /// The demangled name, with C++ parameters, without a Rust hash; equal to
+    /// `raw` when the name is not mangled.
+    pub demangled: String,
+    /// Other spellings that also match exactly: the C++ name without
+    /// parameters, the Rust name with its hash.
+    pub aliases: Vec<String>,
+    /// For a clone (`f.constprop.0`): the forms of `f`.
+    pub clone_of: Option<Box<SymbolName>>,
+}
+
+impl SymbolName {
+    /// Splits off a clone suffix, demangles, and lists the aliases.
+    pub fn new(raw: &str) -> Self {
+        let raw = strip_version(raw);
+        if let Some((stem, suffix)) = raw.split_once('.') {
+            let kind = suffix.split('.').next().unwrap_or("");
+            if CLONE_SUFFIXES.contains(&kind) {
+                let of = Self::new(stem);
+                return Self {
+                    raw: raw.to_string(),
+                    demangled: format!("{}.{suffix}", of.demangled),
+                    aliases: Vec::new(),
+                    clone_of: Some(Box::new(of)),
+                };
+            }
+        }
+        let (demangled, aliases) = demangle_forms(raw);
+        Self {
+            raw: raw.to_string(),
+            demangled: demangled.unwrap_or_else(|| raw.to_string()),
+            aliases,
+            clone_of: None,
+        }
+    }
+
+    /// Whether `query` names this symbol exactly, or names the function this
+    /// symbol is a clone of.
+    pub fn matches(&self, query: &str) -> Option<NameMatch> {
+        if self.is(query) {
+            return Some(NameMatch::Exact);
+        }
+        match &self.clone_of {
+            Some(of) if of.is(query) => Some(NameMatch::Clone),
+            _ => None,
+        }
+    }
+
+    fn is(&self, query: &str) -> bool {
+        let query = strip_version(query);
+        if query == self.raw || query == self.demangled {
+            return true;
+        }
+        let q = squeeze(query);
+        squeeze(&self.demangled) == q || self.aliases.iter().any(|a| a == query || squeeze(a) == q)
+    }
+
+    /// The name without C++ parameters or Rust hash, for suggestions.
+    pub fn short(&self) -> &str {
+        self.aliases
+            .iter()
+            .find(|a| !a.contains('(') && !is_rust_hash_suffixed(a))
+            .map_or(&self.demangled, String::as_str)
+    }
+}
+
+/// `foo@@V2` and `foo@V1` name the function `foo`.
+pub fn strip_version(name: &str) -> &str {
+    match name.find('@') {
+        Some(i) if i > 0 => &name[..i],
+        _ => name,
+    }
+}
+
+/// The version in `foo@@V2` (`V2`, default) or `foo@V1` (`V1`).
+pub fn version_of(name: &str) -> Option<(&str, bool)> {
+    let i = name.find('@')?;
+    let rest = &name[i + 1..];
+    match rest.strip_prefix('@') {
+        Some(v) => Some((v, true)),
+        None => Some((rest, false)),
+    }
+}
+
+/// Whether a name looks mangled (Itanium C++ or Rust legacy `_Z…`, Rust v0 `_R…`).
+pub fn is_mangled(name: &str) -> bool {
+    name.starts_with("_Z") || name.starts_with("_R") || name.starts_with("__Z")
+}
+
+/// Demangles: returns the main demangled form and other exact spellings.
+fn demangle_forms(raw: &str) -> (Option<String>, Vec<String>) {
+    if !is_mangled(raw) {
+        return (None, Vec::new());
+    }
+    if let Ok(d) = rustc_demangle::try_demangle(raw) {
+        let without_hash = format!("{d:#}");
+        let with_hash = format!("{d}");
+        let mut aliases = Vec::new();
+        if with_hash != without_hash {
+            aliases.push(with_hash);
+        }
+        return (Some(without_hash), aliases);
+    }
+    if let Ok(sym) = cpp_demangle::Symbol::new(raw) {
+        let full = sym.to_string();
+        let mut aliases = Vec::new();
+        if let Ok(short) = sym.demangle(&DemangleOptions::new().no_params().no_return_type())
+            && short != full
+        {
+            aliases.push(short);
+        }
+        return (Some(full), aliases);
+    }
+    (None, Vec::new())
+}
+
+fn is_rust_hash_suffixed(s: &str) -> bool {
+    s.rsplit_once("::h")
+        .is_some_and(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Removes whitespace, so `foo(int, char)` matches `foo(int,char)`.
+fn squeeze(s: &str) -> String {
+    s.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// The `n` names closest to `query` by edit distance, best first.
+pub fn closest<'a>(query: &str, names: impl IntoIterator<Item = &'a str>, n: usize) -> Vec<String> {
+    let mut scored: Vec<(usize, &str)> = names
+        .into_iter()
+        .map(|name| (strsim::levenshtein(query, name), name))
+        .collect();
+    scored.sort();
+    scored.dedup_by(|a, b| a.1 == b.1);
+    scored
+        .into_iter()
+        .take(n)
+        .map(|(_, s)| s.to_string())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_c_names_match_exactly() {
+        let n = SymbolName::new("handle_request");
+        assert_eq!(n.matches("handle_request"), Some(NameMatch::Exact));
+        assert_eq!(n.matches("handle"), None);
+    }
+
+    #[test]
+    fn cpp_names_match_with_or_without_parameters() {
+        let n = SymbolName::new("_ZN2ns6Worker6handleEi");
+        assert_eq!(n.demangled, "ns::Worker::handle(int)");
+        assert_eq!(n.matches("ns::Worker::handle(int)"), Some(NameMatch::Exact));
+        assert_eq!(n.matches("ns::Worker::handle"), Some(NameMatch::Exact));
+        assert_eq!(
+            n.matches("ns::Worker::handle( int )"),
+            Some(NameMatch::Exact)
+        );
+        assert_eq!(n.matches("_ZN2ns6Worker6handleEi"), Some(NameMatch::Exact));
+        assert_eq!(n.matches("ns::Worker::handle(long)"), None);
+        assert_eq!(n.short(), "ns::Worker::handle");
+    }
+
+    #[test]
+    fn rust_legacy_names_match_with_or_without_hash() {
+        let n = SymbolName::new("_ZN8my_crate6server14handle_request17h0123456789abcdefE");
+        assert_eq!(n.demangled, "my_crate::server::handle_request");
+        assert_eq!(
+            n.matches("my_crate::server::handle_request"),
+            Some(NameMatch::Exact)
+        );
+        assert_eq!(
+            n.matches("my_crate::server::handle_request::h0123456789abcdef"),
+            Some(NameMatch::Exact)
+        );
+        assert_eq!(n.short(), "my_crate::server::handle_request");
+    }
+
+    #[test]
+    fn rust_v0_names_match() {
+        // From the v0 mangling RFC's examples: `foo::bar` in crate `foo`
+        // with disambiguator.
+        let n = SymbolName::new("_RNvCs1234_7mycrate3foo");
+        assert_eq!(n.matches("mycrate::foo"), Some(NameMatch::Exact));
+    }
+
+    #[test]
+    fn clones_are_recognized_but_not_exact() {
+        for raw in [
+            "f.constprop.0",
+            "f.isra.0",
+            "f.part.0",
+            "f.cold",
+            "f.cold.1",
+            "f.lto_priv.0",
+        ] {
+            let n = SymbolName::new(raw);
+            assert_eq!(n.matches("f"), Some(NameMatch::Clone), "{raw}");
+            assert_eq!(n.matches(raw), Some(NameMatch::Exact), "{raw}");
+        }
+        let n = SymbolName::new("_ZN2ns6Worker6handleEi.constprop.0");
+        assert_eq!(n.matches("ns::Worker::handle"), Some(NameMatch::Clone));
+    }
+
+    #[test]
+    fn versioned_names_match_their_base() {
+        assert_eq!(strip_version("foo@@V2"), "foo");
+        assert_eq!(version_of("foo@@V2"), Some(("V2", true)));
+        assert_eq!(version_of("foo@V1"), Some(("V1", false)));
+        assert_eq!(
+            SymbolName::new("foo@V1").matches("foo"),
+            Some(NameMatch::Exact)
+        );
+    }
+
+    #[test]
+    fn closest_names_by_edit_distance() {
+        let names = ["handle_request", "handle_reply", "main", "parse_request"];
+        assert_eq!(
+            closest("handle_requst", names, 2),
+            ["handle_request", "handle_reply"]
+        );
+    }
+}

@@ -1,0 +1,203 @@
+//! The traced process: validation and what /proc says about it.
+//!
+//! Only reads /proc; never signals, stops or ptraces the target.
+
+use std::{
+    fs, io,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use crate::error::Failure;
+
+/// `PF_KTHREAD` in the flags field of /proc/PID/stat (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// A process that may be traced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Thread-group id.
+    pub pid: i32,
+    /// Its executable as the process sees it (the /proc/PID/exe link text,
+    /// which may end in ` (deleted)`).
+    pub exe: PathBuf,
+    /// (device, inode) of the running executable, through /proc/PID/exe.
+    pub exe_id: (u64, u64),
+    /// Short command name (/proc/PID/comm).
+    pub comm: String,
+}
+
+/// The fields of /proc/PID/stat that mt-agent uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Process state letter: R, S, D, T, t, Z, X, I.
+    pub state: char,
+    /// `PF_*` flags.
+    pub flags: u64,
+    /// User CPU time, clock ticks.
+    pub utime: u64,
+    /// System CPU time, clock ticks.
+    pub stime: u64,
+}
+
+/// Parses /proc/PID/stat text. The command name can hold spaces and
+/// parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] is field 3 (state); field N is f[N - 3].
+    Some(Stat {
+        state: f.first()?.chars().next()?,
+        flags: f.get(9 - 3)?.parse().ok()?,
+        utime: f.get(14 - 3)?.parse().ok()?,
+        stime: f.get(15 - 3)?.parse().ok()?,
+    })
+}
+
+/// Reads and parses /proc/PID/stat.
+pub fn stat(pid: i32) -> io::Result<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text).ok_or_else(|| io::Error::other("unparsable /proc/PID/stat"))
+}
+
+/// CPU time (user + system) a process has used, from /proc/PID/stat.
+pub fn cpu_time(pid: i32) -> Option<Duration> {
+    let s = stat(pid).ok()?;
+    Some(ticks_to_duration(s.utime + s.stime))
+}
+
+/// Converts clock ticks (`sysconf(_SC_CLK_TCK)`, 100 on Linux) to a Duration.
+pub fn ticks_to_duration(ticks: u64) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz)
+}
+
+/// (device, inode) of the file a process is running, or None if it is gone.
+pub fn exe_id(pid: i32) -> Option<(u64, u64)> {
+    let m = fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+/// Whether the process still exists and is not a zombie.
+pub fn is_alive(pid: i32) -> bool {
+    stat(pid).is_ok_and(|s| s.state != 'Z' && s.state != 'X')
+}
+
+/// Reads one `Key:\tvalue` line of /proc/PID/status.
+pub fn status_field(pid: i32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|r| r.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Checks that `pid` names a process mt-agent may trace.
+///
+/// Errors (exit code 2): no such process, a zombie, a kernel thread, the
+/// agent itself. Exit code 3 when /proc/PID/exe is not readable for lack of
+/// privileges.
+pub fn check(pid: i32) -> Result<Target, Failure> {
+    if pid <= 0 {
+        return Err(Failure::usage(format!(
+            "--pid {pid} is not a process id; give the pid of a running process"
+        )));
+    }
+    if pid as u32 == std::process::id() {
+        return Err(Failure::usage(
+            "--pid is mt-agent's own pid; give the pid of the process to trace",
+        ));
+    }
+    let st = stat(pid).map_err(|_| {
+        Failure::usage(format!(
+            "no process with pid {pid}; check the pid (e.g. `pgrep -a NAME`)"
+        ))
+    })?;
+    if st.state == 'Z' || st.state == 'X' {
+        return Err(Failure::usage(format!(
+            "pid {pid} is a zombie (it exited and waits for its parent); trace a live process"
+        )));
+    }
+    if st.flags & PF_KTHREAD != 0 {
+        return Err(Failure::usage(format!(
+            "pid {pid} is a kernel thread, which has no user code to probe; give a user process"
+        )));
+    }
+    let link = format!("/proc/{pid}/exe");
+    let exe = fs::read_link(&link).map_err(|e| match e.kind() {
+        io::ErrorKind::PermissionDenied => Failure::environment(format!(
+            "cannot read {link} (permission denied); run as root or with the \
+             capabilities listed by `mt-agent check`"
+        )),
+        _ => Failure::usage(format!(
+            "pid {pid} has no executable ({e}); give a user process"
+        )),
+    })?;
+    let exe_id = exe_id(pid).ok_or_else(|| {
+        Failure::usage(format!(
+            "pid {pid} exited; give the pid of a running process"
+        ))
+    })?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    Ok(Target {
+        pid,
+        exe,
+        exe_id,
+        comm,
+    })
+}
+
+/// The path through which a file of the target's mount namespace is read:
+/// `/proc/PID/root/<path>`, which works across containers.
+pub fn in_root(pid: i32, path: &Path) -> PathBuf {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    PathBuf::from(format!("/proc/{pid}/root")).join(rel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_survives_odd_command_names() {
+        let text = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0";
+        let s = parse_stat(text).unwrap();
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.flags, 4194560);
+        assert_eq!((s.utime, s.stime), (7, 3));
+    }
+
+    #[test]
+    fn own_process_is_alive_and_readable() {
+        let me = std::process::id() as i32;
+        assert!(is_alive(me));
+        assert!(exe_id(me).is_some());
+        assert!(cpu_time(me).is_some());
+        assert_eq!(
+            status_field(me, "Pid").as_deref(),
+            Some(me.to_string().as_str())
+        );
+    }
+
+    #[test]
+    fn own_pid_kernel_threads_and_missing_pids_are_refused() {
+        let me = std::process::id() as i32;
+        assert!(check(me).unwrap_err().message.contains("own pid"));
+        // kthreadd is pid 2 on Linux.
+        assert!(check(2).unwrap_err().message.contains("kernel thread"));
+        assert!(check(i32::MAX).unwrap_err().message.contains("no process"));
+    }
+
+    #[test]
+    fn paths_are_read_through_the_targets_root() {
+        assert_eq!(
+            in_root(7, Path::new("/usr/lib/x.so")),
+            Path::new("/proc/7/root/usr/lib/x.so")
+        );
+    }
+}
