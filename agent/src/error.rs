@@ -2,8 +2,8 @@
 //!
 //! Every error a user can cause or meet is a [`Failure`]: one line that says
 //! what is wrong and what to do, plus the documented exit code. Internal
-//! errors travel as `anyhow::Error`; [`exit_code_of`] finds the `Failure`
-//! inside (or treats the error as a runtime failure).
+//! errors travel as `anyhow::Error`; [`failure_of`] finds the `Failure`
+//! inside (without one, the error is a runtime failure).
 
 use std::fmt;
 
@@ -74,12 +74,6 @@ impl fmt::Display for Failure {
 
 impl std::error::Error for Failure {}
 
-/// The exit code for an error: the code of the [`Failure`] in its chain, or
-/// [`ExitCode::Runtime`] when there is none.
-pub fn exit_code_of(err: &anyhow::Error) -> ExitCode {
-    failure_of(err).map_or(ExitCode::Runtime, |f| f.code)
-}
-
 /// The first [`Failure`] in the error's chain, if any.
 pub fn failure_of(err: &anyhow::Error) -> Option<&Failure> {
     err.chain().find_map(|e| e.downcast_ref::<Failure>())
@@ -93,12 +87,14 @@ mod tests {
     #[test]
     fn exit_code_is_found_through_context() {
         let err = anyhow::Error::from(Failure::usage("no such pid"));
-        assert_eq!(exit_code_of(&err), ExitCode::Usage);
+        assert_eq!(failure_of(&err).map(|f| f.code), Some(ExitCode::Usage));
         let err = Err::<(), _>(Failure::environment("no perf"))
             .context("starting")
             .unwrap_err();
-        assert_eq!(exit_code_of(&err), ExitCode::Environment);
-        let err = anyhow::anyhow!("plain");
-        assert_eq!(exit_code_of(&err), ExitCode::Runtime);
+        assert_eq!(
+            failure_of(&err).map(|f| f.code),
+            Some(ExitCode::Environment)
+        );
+        assert!(failure_of(&anyhow::anyhow!("plain")).is_none());
     }
 }

@@ -58,12 +58,59 @@ pub fn local_timestamp() -> String {
     }
 }
 
+/// The output directory of a run. Unless [`OutputDir::keep`] is called, it
+/// is tidied away on drop: an empty index is removed, and the directory too
+/// if mt-agent created it and it is empty. So a run that fails before perf
+/// wrote anything leaves nothing behind.
+pub struct OutputDir {
+    pub path: PathBuf,
+    created: bool,
+    keep: bool,
+}
+
+impl OutputDir {
+    /// Creates (or accepts) the directory; see [`prepare_output_dir`].
+    pub fn prepare(dir: &Path) -> Result<Self, Failure> {
+        let created = prepare_output_dir(dir)?;
+        let path = dir
+            .canonicalize()
+            .map_err(|e| Failure::usage(format!("output directory {}: {e}", dir.display())))?;
+        Ok(Self {
+            path,
+            created,
+            keep: false,
+        })
+    }
+
+    /// The run produced output: keep everything.
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        let index = self.path.join(INDEX_FILE);
+        if fs::metadata(&index).is_ok_and(|m| m.len() == 0) {
+            let _ = fs::remove_file(&index);
+        }
+        if self.created {
+            // Fails, as it should, unless the directory is empty.
+            let _ = fs::remove_dir(&self.path);
+        }
+    }
+}
+
 /// Creates the output directory (mode 0700). An existing directory is
-/// accepted only if it is empty, ours, and not writable by others.
+/// accepted only if it is empty, ours, and not writable by others. Returns
+/// whether it was created.
 ///
 /// Errors (exit code 2): it exists and is not empty, it is not a directory,
 /// or it cannot be created (read-only file system, missing parent).
-pub fn prepare_output_dir(dir: &Path) -> Result<(), Failure> {
+pub fn prepare_output_dir(dir: &Path) -> Result<bool, Failure> {
     match fs::symlink_metadata(dir) {
         Ok(meta) => {
             if !meta.is_dir() {
@@ -103,12 +150,13 @@ pub fn prepare_output_dir(dir: &Path) -> Result<(), Failure> {
                     dir.display()
                 ))
             })?;
-            check_writable(dir)
+            check_writable(dir).map(|()| false)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
+            .map(|()| true)
             .map_err(|e| {
                 Failure::usage(format!(
                     "cannot create output directory {}: {e}; give a writable --output",
@@ -226,10 +274,10 @@ mod tests {
     fn output_dir_rules() {
         let tmp = tempfile::tempdir().unwrap();
         let new = tmp.path().join("a/b");
-        prepare_output_dir(&new).unwrap();
+        assert!(prepare_output_dir(&new).unwrap());
         assert_eq!(fs::metadata(&new).unwrap().mode() & 0o777, 0o700);
         // Empty and ours: accepted again.
-        prepare_output_dir(&new).unwrap();
+        assert!(!prepare_output_dir(&new).unwrap());
         fs::write(new.join("x"), "").unwrap();
         let err = prepare_output_dir(&new).unwrap_err();
         assert!(err.message.contains("not empty"), "{}", err.message);
@@ -241,6 +289,24 @@ mod tests {
                 .message
                 .contains("not a directory")
         );
+    }
+
+    #[test]
+    fn an_unused_output_dir_is_tidied_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out");
+        {
+            let out = OutputDir::prepare(&dir).unwrap();
+            Index::create(&out.path).unwrap();
+        }
+        assert!(!dir.exists());
+        {
+            let mut out = OutputDir::prepare(&dir).unwrap();
+            let mut idx = Index::create(&out.path).unwrap();
+            idx.deleted("x").unwrap();
+            out.keep();
+        }
+        assert!(dir.join(INDEX_FILE).exists());
     }
 
     #[test]

@@ -427,11 +427,6 @@ impl PerfProcess {
         self.last_cpu
     }
 
-    /// perf's exit status, once reaped.
-    pub fn status(&self) -> Option<ExitStatus> {
-        self.status
-    }
-
     /// CPU time perf has used so far (user + system), from /proc/PID/stat.
     pub fn cpu_time(&self) -> Option<Duration> {
         if self.status.is_some() {

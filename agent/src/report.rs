@@ -100,11 +100,6 @@ impl Reporter {
         }
     }
 
-    /// Whether events are JSON.
-    pub fn json(&self) -> bool {
-        self.json
-    }
-
     fn print(&self, line: &str) {
         let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = io::stdout().lock();

@@ -22,7 +22,7 @@ use crate::{
     conditions::{Filters, trigger_config},
     driver::{self, Command, EndReason, Event, Setup},
     error::{ExitCode, Failure},
-    index::{self, Index},
+    index::{self, Index, OutputDir},
     perf::{self, PerfProcess, PerfSpec},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
     report::{Armed, Reporter, Summary},
@@ -58,8 +58,8 @@ pub async fn run(
     trigger_config(&filters, false)?;
 
     let pid = args.pid.context("--pid is required")?;
-    let target = target::check(pid)?;
     caps::check()?;
+    let target = target::check(pid)?;
     let perf_path = perf::find_perf(args.perf.as_deref())?;
     perf::perf_version(&perf_path)?;
 
@@ -76,14 +76,13 @@ pub async fn run(
     let returns = plan_returns(&args, &res, &reporter)?;
     let cfg = trigger_config(&filters, res.is_go)?;
 
-    let out_dir = args
-        .output
-        .clone()
-        .unwrap_or_else(|| index::default_output_dir(pid));
-    index::prepare_output_dir(&out_dir)?;
-    let out_dir = out_dir
-        .canonicalize()
-        .with_context(|| format!("output directory {}", out_dir.display()))?;
+    let mut output = OutputDir::prepare(
+        &args
+            .output
+            .clone()
+            .unwrap_or_else(|| index::default_output_dir(pid)),
+    )?;
+    let out_dir = output.path.clone();
     let index = Index::create(&out_dir).map_err(|e| {
         Failure::usage(format!(
             "cannot create {} in {}: {e}; give a writable --output",
@@ -150,7 +149,11 @@ pub async fn run(
             perf_pid: 0,
             event,
             freq: args.freq,
-            symbol: res.function.demangled.clone(),
+            symbol: if res.probe_offset > 0 {
+                format!("{}+{:#x}", res.function.demangled, res.probe_offset)
+            } else {
+                res.function.demangled.clone()
+            },
             object: res.object.path.clone(),
             attach_offset: res.attach_offset,
             uprobes: 0,
@@ -202,6 +205,9 @@ pub async fn run(
         }
     };
     handle.join();
+    if outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0 {
+        output.keep();
+    }
 
     let code = outcome.failure.as_ref().map_or(ExitCode::Ok, |f| f.code);
     if let Some(f) = &outcome.failure {

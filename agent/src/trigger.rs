@@ -159,12 +159,8 @@ impl Trigger {
         self.phase == Phase::StopSent
     }
 
-    /// Whether the run is ending (a stop was requested or sent).
-    pub fn stopping(&self) -> bool {
-        self.phase != Phase::Running
-    }
-
     /// Whether a SIGUSR2 was sent and its `Dump` line has not arrived yet.
+    #[cfg(test)]
     pub fn switch_in_flight(&self) -> bool {
         self.pending
             .as_ref()

@@ -1,1 +1,588 @@
+//! Harness for mt-agent's end-to-end tests: real target processes, the real
+//! `mt-agent` binary, real perf and real uprobes.
+//!
+//! * [`preflight`] fails (never skips) when something the tests need is
+//!   missing: root, perf, the uprobe PMU, BTF, the agent binary.
+//! * [`Proc`] kills its process group on drop, so nothing outlives a test,
+//!   even one that fails.
+//! * [`Agent::finish`] checks that no program of ours is still loaded
+//!   (enumerating the kernel's programs, not trusting our bookkeeping) and
+//!   that no perf process the run started is alive.
 
+use std::{
+    collections::HashSet,
+    fs,
+    io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex, Once},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub use tempfile::TempDir;
+
+/// Our eBPF program names as the kernel lists them.
+pub const PROGRAM_NAMES: [&str; 3] = ["mt_entry", "mt_return", "mt_uretprobe"];
+
+/// Checks, once per test binary, that the machine can run the tests.
+/// Panics with what is missing.
+pub fn preflight() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let mut missing = Vec::new();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            missing.push("root: run the privileged tests as root (`cargo xtask test` uses sudo)".to_string());
+        }
+        if !Path::new("/sys/bus/event_source/devices/uprobe").exists() {
+            missing.push("the uprobe PMU (/sys/bus/event_source/devices/uprobe): kernel without CONFIG_UPROBE_EVENTS".into());
+        }
+        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+            missing.push("BTF (/sys/kernel/btf/vmlinux): kernel without CONFIG_DEBUG_INFO_BTF".into());
+        }
+        if perf_bin().is_none() {
+            missing.push("perf: install linux-perf (cargo xtask setup)".into());
+        }
+        if !agent_bin().is_file() {
+            missing.push(format!(
+                "the mt-agent binary at {} (build it, or set MT_AGENT_BIN)",
+                agent_bin().display()
+            ));
+        }
+        assert!(missing.is_empty(), "cannot run the end-to-end tests; missing:\n  {}", missing.join("\n  "));
+    });
+}
+
+/// The perf binary, if there is one.
+pub fn perf_bin() -> Option<PathBuf> {
+    ["/usr/bin/perf", "/usr/sbin/perf", "/usr/local/bin/perf"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// The mt-agent binary: `MT_AGENT_BIN`, else `target/debug/mt-agent` next to
+/// this test binary.
+pub fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("MT_AGENT_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/debug/deps/<test> -> target/debug/mt-agent
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("mt-agent"))
+        .expect("target dir")
+}
+
+/// A program built by build.rs (C and C++ targets, libtrig.so).
+pub fn target_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("MT_TEST_TARGETS")).join(name)
+}
+
+/// A Rust binary of this crate (`rust_target`).
+pub fn rust_bin(name: &str) -> PathBuf {
+    agent_bin().parent().expect("target dir").join(name)
+}
+
+/// A child process whose output is collected line by line. Its process
+/// group is killed (SIGKILL) on drop.
+pub struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    status: Option<ExitStatus>,
+    readers: Vec<thread::JoinHandle<()>>,
+}
+
+fn collect(
+    r: impl std::io::Read + Send + 'static,
+    into: Arc<Mutex<Vec<String>>>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            match line {
+                Ok(l) => into.lock().unwrap().push(l),
+                Err(_) => break,
+            }
+        }
+    })
+}
+
+impl Proc {
+    /// Spawns `cmd` in its own process group with piped stdio.
+    pub fn spawn(mut cmd: Command) -> Proc {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![
+            collect(child.stdout.take().unwrap(), stdout.clone()),
+            collect(child.stderr.take().unwrap(), stderr.clone()),
+        ];
+        Proc {
+            stdin: child.stdin.take(),
+            child,
+            stdout,
+            stderr,
+            status: None,
+            readers,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Lines printed on stdout so far.
+    pub fn stdout(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Lines printed on stderr so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits for a stdout line that satisfies `pred`.
+    pub fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.stdout().into_iter().find(|l| pred(l)) {
+                return Some(l);
+            }
+            if Instant::now() > end || self.try_status().is_some() {
+                // One last look: the line may have come with the exit.
+                thread::sleep(Duration::from_millis(50));
+                return self.stdout().into_iter().find(|l| pred(l));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Writes a line to the child's stdin.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}").expect("write to child stdin");
+        stdin.flush().unwrap();
+    }
+
+    /// Closes the child's stdin.
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    /// Exit status if the child has exited.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
+    /// Waits for the child to exit; None on timeout.
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(s) = self.try_status() {
+                for r in self.readers.drain(..) {
+                    let _ = r.join();
+                }
+                return Some(s);
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Sends a signal to the child.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2).
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Sends a signal to the child's process group, as a terminal does.
+    pub fn signal_group(&self, sig: i32) {
+        // SAFETY: plain kill(2) on the group we created.
+        unsafe { libc::kill(-self.pid(), sig) };
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.try_status().is_none() {
+            self.signal_group(libc::SIGKILL);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A traced program: started, then waiting for its go line.
+pub struct Target {
+    pub proc: Proc,
+}
+
+impl Target {
+    /// Starts `bin args` and waits for its `ready` line.
+    pub fn start(bin: &Path, args: &[&str]) -> Target {
+        let mut cmd = Command::new(bin);
+        cmd.args(args);
+        Self::start_cmd(cmd)
+    }
+
+    /// Starts a prepared command and waits for its `ready` line.
+    pub fn start_cmd(cmd: Command) -> Target {
+        let mut proc = Proc::spawn(cmd);
+        if proc
+            .wait_line(Duration::from_secs(10), |l| l.starts_with("ready"))
+            .is_none()
+        {
+            panic!("target did not get ready; stderr: {:?}", proc.stderr());
+        }
+        Target { proc }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.proc.pid()
+    }
+
+    /// The go signal: the target starts its scenario.
+    pub fn go(&mut self) {
+        self.proc.send("go");
+    }
+
+    /// Waits for the target to exit (panics after `timeout`).
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        self.proc
+            .wait(timeout)
+            .unwrap_or_else(|| panic!("target {} did not exit within {timeout:?}", self.pid()))
+    }
+}
+
+/// A running mt-agent.
+pub struct Agent {
+    pub proc: Proc,
+    /// The output directory (inside `tmp`).
+    pub out: PathBuf,
+    pub tmp: TempDir,
+    pub perf_pid: Option<i32>,
+}
+
+/// What a finished run left.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit code (None if killed by a signal).
+    pub code: Option<i32>,
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+    /// snapshots.jsonl, parsed (empty if absent).
+    pub index: Vec<Value>,
+    pub out: PathBuf,
+    pub perf_pid: Option<i32>,
+    /// Kept so the output directory lives as long as the Run.
+    pub tmp: TempDir,
+}
+
+impl Run {
+    /// Index lines of a kind (`hit`, `tail`, `deleted`).
+    pub fn entries(&self, kind: &str) -> Vec<&Value> {
+        self.index.iter().filter(|v| v["kind"] == kind).collect()
+    }
+
+    /// The JSON `summary` event, when the run used --json.
+    pub fn summary(&self) -> Option<Value> {
+        self.stdout
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["event"] == "summary")
+    }
+
+    /// All hits of all `hit` and `tail` entries, in order.
+    pub fn hits(&self) -> Vec<&Value> {
+        self.index
+            .iter()
+            .filter(|v| v["kind"] == "hit" || v["kind"] == "tail")
+            .flat_map(|v| v["hits"].as_array().into_iter().flatten())
+            .collect()
+    }
+
+    /// Everything the agent printed, for assertion messages.
+    pub fn output(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code,
+            self.stdout.join("\n"),
+            self.stderr.join("\n")
+        )
+    }
+
+    /// Checks the index against the directory: every listed file exists
+    /// unless a later line says it was deleted, and every completed
+    /// `perf.data.<ts>` is listed.
+    pub fn assert_index_consistent(&self) {
+        let mut listed: HashSet<String> = HashSet::new();
+        for v in &self.index {
+            let f = v["file"].as_str().unwrap().to_string();
+            if v["kind"] == "deleted" {
+                listed.remove(&f);
+            } else {
+                listed.insert(f);
+            }
+        }
+        for f in &listed {
+            assert!(
+                self.out.join(f).is_file(),
+                "indexed file {f} is missing\n{}",
+                self.output()
+            );
+        }
+        for f in perf_files(&self.out) {
+            assert!(
+                listed.contains(&f),
+                "{f} is not in the index\n{}",
+                self.output()
+            );
+        }
+    }
+}
+
+/// The completed `perf.data.<ts>` files in a directory.
+pub fn perf_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("perf.data."))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Reads an index file.
+pub fn read_index(path: &Path) -> Vec<Value> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad index line {l:?}: {e}")))
+        .collect()
+}
+
+impl Agent {
+    /// Starts `mt-agent ARGS --output <tmp>/out` (no --output is added if
+    /// ARGS has one).
+    pub fn start(args: &[&str]) -> Agent {
+        Self::start_with(args, |_| {})
+    }
+
+    /// Like [`Agent::start`], with a hook to adjust the command.
+    pub fn start_with(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Agent {
+        preflight();
+        let tmp = tempfile::Builder::new()
+            .prefix("mt-agent-test-")
+            .tempdir()
+            .unwrap();
+        let out = tmp.path().join("out");
+        let mut cmd = Command::new(agent_bin());
+        cmd.args(args);
+        if !args.iter().any(|a| *a == "--output" || *a == "-o") {
+            cmd.arg("--output").arg(&out);
+        }
+        adjust(&mut cmd);
+        Agent {
+            proc: Proc::spawn(cmd),
+            out,
+            tmp,
+            perf_pid: None,
+        }
+    }
+
+    /// Waits for `armed`; panics with the agent's output if it never comes.
+    pub fn wait_armed(&mut self) {
+        let line = self.proc.wait_line(Duration::from_secs(30), |l| {
+            l.starts_with("armed") || l.contains("\"event\":\"armed\"")
+        });
+        let Some(line) = line else {
+            panic!(
+                "agent did not arm; exit {:?}\nstdout: {:?}\nstderr: {:?}",
+                self.proc.try_status(),
+                self.proc.stdout(),
+                self.proc.stderr()
+            );
+        };
+        self.perf_pid = parse_perf_pid(&line);
+    }
+
+    /// Waits for the agent to exit, then checks that nothing is left
+    /// behind: no program of ours loaded, no perf process of this run.
+    pub fn finish(self, timeout: Duration) -> Run {
+        self.finish_checked(timeout, true)
+    }
+
+    /// Like [`Agent::finish`]; `check_programs: false` when another agent
+    /// runs at the same time.
+    pub fn finish_checked(mut self, timeout: Duration, check_programs: bool) -> Run {
+        let status = self.proc.wait(timeout);
+        let Some(status) = status else {
+            panic!(
+                "agent did not exit within {timeout:?}\nstdout: {:?}\nstderr: {:?}",
+                self.proc.stdout(),
+                self.proc.stderr()
+            );
+        };
+        let run = Run {
+            code: status.code(),
+            stdout: self.proc.stdout(),
+            stderr: self.proc.stderr(),
+            index: read_index(&self.out.join("snapshots.jsonl")),
+            out: self.out.clone(),
+            perf_pid: self.perf_pid,
+            tmp: self.tmp,
+        };
+        if check_programs {
+            assert_no_programs_loaded(&run.output());
+        }
+        assert_no_perf_for(&run.out, &run.output());
+        run
+    }
+}
+
+fn parse_perf_pid(armed: &str) -> Option<i32> {
+    if let Ok(v) = serde_json::from_str::<Value>(armed) {
+        return v["perf_pid"].as_i64().map(|p| p as i32);
+    }
+    let rest = armed.split("perf (pid ").nth(1)?;
+    rest.split(')').next()?.parse().ok()
+}
+
+/// Names of loaded BPF programs that are ours, from the kernel's list.
+pub fn our_loaded_programs() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|n| PROGRAM_NAMES.contains(&n.as_str()))
+        .collect()
+}
+
+/// Panics if a program of ours is still loaded (after waiting up to 1 s for
+/// the kernel to release it).
+pub fn assert_no_programs_loaded(context: &str) {
+    let end = Instant::now() + Duration::from_secs(1);
+    loop {
+        let left = our_loaded_programs();
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > end {
+            panic!("programs still loaded after the run: {left:?}\n{context}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmd.contains(needle) && pid as u32 != std::process::id() {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+/// Panics if a perf process that writes into `out` is still alive.
+pub fn assert_no_perf_for(out: &Path, context: &str) {
+    let needle = out.display().to_string();
+    let end = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left: Vec<_> = processes_mentioning(&needle)
+            .into_iter()
+            .filter(|(_, c)| c.contains("perf") && c.contains("record"))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > end {
+            panic!("perf still running after the run: {left:?}\n{context}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `/proc/PID/status` field.
+pub fn status_field(pid: i32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|r| r.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Samples a process's TracerPid and state every 10 ms until stopped;
+/// returns what it saw (tracer pids, states).
+pub struct Watcher {
+    stop: Arc<Mutex<bool>>,
+    handle: Option<thread::JoinHandle<(HashSet<String>, HashSet<String>)>>,
+}
+
+impl Watcher {
+    pub fn start(pid: i32) -> Watcher {
+        let stop = Arc::new(Mutex::new(false));
+        let s = stop.clone();
+        let handle = thread::spawn(move || {
+            let mut tracers = HashSet::new();
+            let mut states = HashSet::new();
+            while !*s.lock().unwrap() {
+                if let Some(t) = status_field(pid, "TracerPid") {
+                    tracers.insert(t);
+                }
+                if let Some(st) = status_field(pid, "State") {
+                    states.insert(st.chars().next().unwrap_or('?').to_string());
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            (tracers, states)
+        });
+        Watcher {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops sampling; returns (TracerPid values, state letters) seen.
+    pub fn stop(mut self) -> (HashSet<String>, HashSet<String>) {
+        *self.stop.lock().unwrap() = true;
+        self.handle.take().unwrap().join().unwrap()
+    }
+}
+
+/// Runs `perf script -i FILE` and returns its output.
+pub fn perf_script(file: &Path) -> String {
+    let out = Command::new(perf_bin().expect("perf"))
+        .args(["script", "-F", "pid,tid,time,ip,sym", "-i"])
+        .arg(file)
+        .output()
+        .expect("perf script");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The 10-second default for waiting on an agent.
+pub const FINISH: Duration = Duration::from_secs(60);

@@ -87,23 +87,6 @@ pub struct Resolution {
     pub notes: Vec<String>,
 }
 
-impl Resolution {
-    /// `handle_request in /usr/bin/app (+0x1139)`.
-    pub fn describe(&self) -> String {
-        let off = if self.probe_offset > 0 {
-            format!("+{:#x}", self.probe_offset)
-        } else {
-            String::new()
-        };
-        format!(
-            "{}{off} in {} (file offset {:#x})",
-            self.function.demangled,
-            self.object.path.display(),
-            self.attach_offset
-        )
-    }
-}
-
 /// Why a query found nothing to probe.
 #[derive(Debug)]
 pub enum ResolveError {

@@ -103,16 +103,6 @@ pub fn strip_version(name: &str) -> &str {
     }
 }
 
-/// The version in `foo@@V2` (`V2`, default) or `foo@V1` (`V1`).
-pub fn version_of(name: &str) -> Option<(&str, bool)> {
-    let i = name.find('@')?;
-    let rest = &name[i + 1..];
-    match rest.strip_prefix('@') {
-        Some(v) => Some((v, true)),
-        None => Some((rest, false)),
-    }
-}
-
 /// Whether a name looks mangled (Itanium C++ or Rust legacy `_Z…`, Rust v0 `_R…`).
 pub fn is_mangled(name: &str) -> bool {
     name.starts_with("_Z") || name.starts_with("_R") || name.starts_with("__Z")
@@ -240,8 +230,6 @@ mod tests {
     #[test]
     fn versioned_names_match_their_base() {
         assert_eq!(strip_version("foo@@V2"), "foo");
-        assert_eq!(version_of("foo@@V2"), Some(("V2", true)));
-        assert_eq!(version_of("foo@V1"), Some(("V1", false)));
         assert_eq!(
             SymbolName::new("foo@V1").matches("foo"),
             Some(NameMatch::Exact)

@@ -1,0 +1,76 @@
+//! Builds the C and C++ programs the end-to-end tests trace, into OUT_DIR,
+//! and tells the tests where they are (`MT_TEST_TARGETS`).
+//!
+//! Variants of `target.c`: plain; a stripped PIE that exports `trigger` only
+//! in `.dynsym`; and a stripped copy whose `trigger` is static, with separate
+//! debug info found through `.gnu_debuglink`.
+
+use std::{env, path::PathBuf, process::Command};
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| {
+        panic!("{cmd:?}: {e}; install gcc, g++ and binutils (cargo xtask setup)")
+    });
+    assert!(status.success(), "{cmd:?} failed: {status}");
+}
+
+fn main() {
+    let out = PathBuf::from(env::var_os("OUT_DIR").unwrap());
+    let src = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap()).join("targets");
+    println!("cargo:rerun-if-changed={}", src.display());
+    let o = |name: &str| out.join(name);
+    let s = |name: &str| src.join(name);
+    let cflags = ["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"];
+
+    run(Command::new("gcc")
+        .args(cflags)
+        .arg("-o")
+        .arg(o("target"))
+        .arg(s("target.c")));
+    run(Command::new("gcc")
+        .args(cflags)
+        .args(["-fPIE", "-pie", "-rdynamic", "-s", "-o"])
+        .arg(o("target_pie_stripped"))
+        .arg(s("target.c")));
+    run(Command::new("gcc")
+        .args(cflags)
+        .args(["-DSTATIC_TRIGGER", "-o"])
+        .arg(o("target_debuglink"))
+        .arg(s("target.c")));
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(o("target_debuglink"))
+        .arg(o("target_debuglink.debug")));
+    run(Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(o("target_debuglink")));
+    run(Command::new("objcopy")
+        .current_dir(&out)
+        .arg("--add-gnu-debuglink=target_debuglink.debug")
+        .arg("target_debuglink"));
+
+    run(Command::new("gcc")
+        .args(cflags)
+        .args(["-fPIC", "-shared"])
+        .arg(format!(
+            "-Wl,--version-script={}",
+            s("libtrig.map").display()
+        ))
+        .arg("-o")
+        .arg(o("libtrig.so"))
+        .arg(s("libtrig.c")));
+    run(Command::new("gcc")
+        .args(cflags)
+        .arg("-o")
+        .arg(o("libuser"))
+        .arg(s("libuser.c"))
+        .arg(format!("-L{}", out.display()))
+        .args(["-ltrig", "-Wl,-rpath,$ORIGIN", "-ldl"]));
+    run(Command::new("g++")
+        .args(cflags)
+        .arg("-o")
+        .arg(o("worker"))
+        .arg(s("worker.cpp")));
+
+    println!("cargo:rustc-env=MT_TEST_TARGETS={}", out.display());
+}

@@ -1,0 +1,236 @@
+/* A traced program for mt-agent's end-to-end tests.
+ *
+ * It prints "ready <pid>", waits for a line on stdin (the go signal, given
+ * after the agent prints `armed`), burns CPU so the first snapshot has
+ * samples, runs one scenario, and exits 0.
+ *
+ *   target calls N GAP_MS        trigger(i) for i in 0..N, GAP_MS apart
+ *   target loop N SPIN_US        N calls of trigger(i), spinning SPIN_US between
+ *   target threads T GAP_MS      T threads; thread k calls trigger(k) at k*GAP_MS
+ *   target tids T N GAP_MS       T threads each call trigger(k) N times, GAP_MS apart; prints tids
+ *   target storm SECONDS         trigger(i) as fast as possible for SECONDS
+ *   target slow N                f_slow(i) for i in 0..N; i in {10,20,30} sleep 10 ms
+ *   target slowrec N             the same through a recursive f_rec
+ *   target slowthreads T N       slow on T threads at once
+ *   target after                 f_after burns 30 ms of CPU after entry
+ *   target fork                  a forked child calls trigger 5 times; the parent does not
+ *   target exec PATH...          execs PATH after the go signal
+ *   target churn N               creates and joins N short threads, calling trigger now and then
+ *   target wait                  waits until killed
+ *   target stamp N GAP_MS        trigger(CLOCK_MONOTONIC ns) N times, GAP_MS apart (latency)
+ *   target bench FN N            calls FN (push|nop5|step|trigger) N times; prints ns per call
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+volatile uint64_t sink;
+
+/* The trigger: an exported, out-of-line function (static in the
+ * STATIC_TRIGGER build, so only separate debug info names it). */
+#ifdef STATIC_TRIGGER
+static
+#endif
+__attribute__((noinline, used)) void trigger(long i) { sink += (uint64_t)i; }
+
+/* Trigger functions whose first instruction is fixed, for cost hints and the
+ * bench: push (emulated), a 5-byte nop (optimized), and a RIP-relative load
+ * (single-stepped). */
+__asm__(".globl trigger_push\n.type trigger_push,@function\ntrigger_push:\n"
+        "  push %rbp\n  pop %rbp\n  ret\n.size trigger_push, .-trigger_push\n"
+        ".globl trigger_nop5\n.type trigger_nop5,@function\ntrigger_nop5:\n"
+        "  .byte 0x0f,0x1f,0x44,0x00,0x00\n  ret\n.size trigger_nop5, .-trigger_nop5\n"
+        ".globl trigger_step\n.type trigger_step,@function\ntrigger_step:\n"
+        "  mov sink(%rip), %rax\n  ret\n.size trigger_step, .-trigger_step\n");
+void trigger_push(long);
+void trigger_nop5(long);
+void trigger_step(long);
+
+/* A data symbol, for refusal tests. */
+__attribute__((used)) long trigger_data[4] = {1, 2, 3, 4};
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void burn_ns(uint64_t ns) {
+  uint64_t end = now_ns() + ns;
+  while (now_ns() < end) sink++;
+}
+
+static void burn_ms(long ms) { burn_ns((uint64_t)ms * 1000000ull); }
+
+static void sleep_ms(long ms) {
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&t, NULL);
+}
+
+__attribute__((noinline)) long f_slow(long i) {
+  if (i == 10 || i == 20 || i == 30) sleep_ms(10);
+  sink += (uint64_t)i;
+  return i * 2;
+}
+
+__attribute__((noinline)) long f_rec(long i, int depth) {
+  if (depth > 0) return f_rec(i, depth - 1) + 1;
+  if (i == 10 || i == 20 || i == 30) sleep_ms(10);
+  sink += (uint64_t)i;
+  return i;
+}
+
+__attribute__((noinline)) void f_after(long i) {
+  sink += (uint64_t)i;
+  burn_ms(30);
+}
+
+static long g_gap, g_n;
+static void *thread_call(void *arg) {
+  long k = (long)arg;
+  sleep_ms(k * g_gap);
+  burn_ms(20);
+  trigger(k);
+  return NULL;
+}
+
+static void *thread_tids(void *arg) {
+  long k = (long)arg;
+  printf("tid %ld %ld\n", k, (long)syscall(SYS_gettid));
+  fflush(stdout);
+  sleep_ms(300);
+  for (long i = 0; i < g_n; i++) {
+    trigger(k);
+    sleep_ms(g_gap);
+  }
+  return NULL;
+}
+
+static void *thread_slow(void *arg) {
+  (void)arg;
+  for (long i = 0; i < g_n; i++) f_slow(i);
+  return NULL;
+}
+
+static void *thread_short(void *arg) {
+  sink += (uint64_t)(long)arg;
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: target MODE ...\n");
+    return 2;
+  }
+  const char *mode = argv[1];
+  long a = argc > 2 ? strtol(argv[2], NULL, 0) : 0;
+  long b = argc > 3 ? strtol(argv[3], NULL, 0) : 0;
+  long c = argc > 4 ? strtol(argv[4], NULL, 0) : 0;
+
+  printf("ready %d\n", getpid());
+  fflush(stdout);
+  char line[64];
+  if (!fgets(line, sizeof line, stdin)) return 3;
+  burn_ms(200);
+
+  if (!strcmp(mode, "calls")) {
+    for (long i = 0; i < a; i++) {
+      trigger(i);
+      burn_ms(b);
+    }
+  } else if (!strcmp(mode, "loop")) {
+    for (long i = 0; i < a; i++) {
+      trigger(i);
+      burn_ns((uint64_t)b * 1000ull);
+    }
+  } else if (!strcmp(mode, "threads")) {
+    pthread_t t[64];
+    g_gap = b;
+    for (long k = 0; k < a && k < 64; k++) pthread_create(&t[k], NULL, thread_call, (void *)k);
+    for (long k = 0; k < a && k < 64; k++) pthread_join(t[k], NULL);
+  } else if (!strcmp(mode, "tids")) {
+    pthread_t t[64];
+    g_n = b;
+    g_gap = c;
+    for (long k = 0; k < a && k < 64; k++) pthread_create(&t[k], NULL, thread_tids, (void *)k);
+    for (long k = 0; k < a && k < 64; k++) pthread_join(t[k], NULL);
+  } else if (!strcmp(mode, "storm")) {
+    uint64_t end = now_ns() + (uint64_t)a * 1000000000ull, n = 0;
+    while (1) {
+      for (int k = 0; k < 1000; k++) trigger((long)n++);
+      if (now_ns() >= end) break;
+    }
+    printf("calls %llu\n", (unsigned long long)n);
+  } else if (!strcmp(mode, "slow")) {
+    for (long i = 0; i < a; i++) f_slow(i);
+  } else if (!strcmp(mode, "slowrec")) {
+    for (long i = 0; i < a; i++) f_rec(i, 3);
+  } else if (!strcmp(mode, "slowthreads")) {
+    pthread_t t[64];
+    g_n = b;
+    for (long k = 0; k < a && k < 64; k++) pthread_create(&t[k], NULL, thread_slow, NULL);
+    for (long k = 0; k < a && k < 64; k++) pthread_join(t[k], NULL);
+  } else if (!strcmp(mode, "after")) {
+    f_after(1);
+    burn_ms(100);
+  } else if (!strcmp(mode, "fork")) {
+    pid_t child = fork();
+    if (child == 0) {
+      for (long i = 0; i < 5; i++) {
+        trigger(i);
+        sleep_ms(150);
+      }
+      _exit(0);
+    }
+    int st;
+    waitpid(child, &st, 0);
+    burn_ms(300);
+  } else if (!strcmp(mode, "exec")) {
+    trigger(0);
+    burn_ms(300);
+    execv(argv[2], argv + 2);
+    perror("execv");
+    return 4;
+  } else if (!strcmp(mode, "churn")) {
+    for (long i = 0; i < a; i++) {
+      pthread_t t;
+      pthread_create(&t, NULL, thread_short, (void *)i);
+      pthread_join(t, NULL);
+      if (i % 100 == 0) trigger(i);
+    }
+    burn_ms(300);
+  } else if (!strcmp(mode, "wait")) {
+    for (;;) pause();
+  } else if (!strcmp(mode, "stamp")) {
+    for (long i = 0; i < a; i++) {
+      burn_ms(b / 2);
+      trigger((long)now_ns());
+      sleep_ms(b - b / 2);
+    }
+  } else if (!strcmp(mode, "bench")) {
+    void (*fn)(long) = trigger;
+    const char *name = argv[2];
+    long n = b;
+    if (!strcmp(name, "push")) fn = trigger_push;
+    else if (!strcmp(name, "nop5")) fn = trigger_nop5;
+    else if (!strcmp(name, "step")) fn = trigger_step;
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < n; i++) fn(i);
+    uint64_t t1 = now_ns();
+    printf("ns_per_call %.3f\n", (double)(t1 - t0) / (double)n);
+  } else {
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+  }
+  burn_ms(200);
+  printf("done\n");
+  fflush(stdout);
+  return 0;
+}

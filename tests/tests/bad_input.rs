@@ -1,0 +1,171 @@
+//! Bad input gets one clear line, its documented exit code, and leaves
+//! nothing behind: no output directory, no perf process, no loaded program.
+//! Privileged.
+
+use std::{fs, os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use mt_agent_tests::*;
+
+/// Runs the agent to completion (it must not arm) and checks it left nothing.
+fn refused(args: &[&str]) -> Run {
+    let agent = Agent::start(args);
+    let run = agent.finish(Duration::from_secs(30));
+    assert!(
+        !run.out.exists(),
+        "output directory was left behind\n{}",
+        run.output()
+    );
+    run
+}
+
+fn assert_one_error_line(run: &Run, code: i32, needle: &str) {
+    assert_eq!(run.code, Some(code), "{}", run.output());
+    let errors: Vec<&String> = run
+        .stderr
+        .iter()
+        .filter(|l| l.starts_with("mt-agent: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{}", run.output());
+    assert!(
+        errors[0].contains(needle),
+        "expected {needle:?}\n{}",
+        run.output()
+    );
+}
+
+#[test]
+fn unknown_pid() {
+    let run = refused(&["--pid", "999999", "--symbol", "trigger"]);
+    assert_one_error_line(&run, 2, "no process with pid 999999");
+}
+
+#[test]
+fn unknown_symbol_lists_similar_names() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let run = refused(&["--pid", &pid, "--symbol", "triger"]);
+    assert_one_error_line(&run, 2, "no function triger");
+    assert!(
+        run.stderr.iter().any(|l| l.contains("similar: trigger")),
+        "{}",
+        run.output()
+    );
+    let similar = run.stderr.iter().filter(|l| l.contains("similar:")).count();
+    assert_eq!(similar, 5, "{}", run.output());
+}
+
+#[test]
+fn missing_or_unusable_perf() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let run = refused(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--perf",
+        "/nonexistent/perf",
+    ]);
+    assert_one_error_line(&run, 3, "perf binary /nonexistent/perf");
+    let run = refused(&["--pid", &pid, "--symbol", "trigger", "--perf", "/bin/true"]);
+    assert_one_error_line(&run, 3, "does not look like perf");
+}
+
+/// A read-only tmpfs, unmounted on drop.
+struct RoMount(tempfile::TempDir);
+
+impl RoMount {
+    fn new() -> RoMount {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=1m", "mt-agent-test-ro"])
+            .arg(dir.path())
+            .status()
+            .expect("mount")
+            .success();
+        assert!(ok, "mount -t tmpfs -o ro failed");
+        RoMount(dir)
+    }
+}
+
+impl Drop for RoMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn output_directory_that_cannot_be_created() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let ro = RoMount::new();
+    let out = ro.0.path().join("out");
+    let out_s = out.display().to_string();
+    let agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &out_s]);
+    let run = agent.finish(Duration::from_secs(30));
+    assert_one_error_line(&run, 2, "cannot create output directory");
+    assert!(!out.exists());
+    assert_no_perf_for(&out, &run.output());
+}
+
+#[test]
+fn an_output_directory_that_is_not_empty_is_refused() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("perf.data.1"), "x").unwrap();
+    let d = dir.path().display().to_string();
+    let run = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &d])
+        .finish(Duration::from_secs(30));
+    assert_one_error_line(&run, 2, "not empty");
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "something was added"
+    );
+}
+
+#[test]
+fn missing_privileges_name_what_is_needed() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    // A copy of the binary that `nobody` can execute.
+    let bin_dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = bin_dir.path().join("mt-agent");
+    fs::copy(agent_bin(), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    fs::set_permissions(work.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let out = work.path().join("out");
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--",
+    ])
+    .arg(&bin)
+    .args(["--pid", &pid, "--symbol", "trigger", "--output"])
+    .arg(&out);
+    let mut p = Proc::spawn(cmd);
+    let status = p.wait(Duration::from_secs(30)).expect("agent exits");
+    let stderr = p.stderr().join("\n");
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("missing privileges") && stderr.contains("CAP_SYS_ADMIN"),
+        "the refusal should name what is missing: {stderr}"
+    );
+    assert!(!out.exists(), "nothing may be created");
+    assert_no_perf_for(&out, &stderr);
+    assert_no_programs_loaded(&stderr);
+}
+
+#[test]
+fn perf_options_that_break_the_agent_are_refused() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let run = refused(&["--pid", &pid, "--symbol", "trigger", "--", "-q"]);
+    assert_one_error_line(&run, 2, "perf option `-q` is not allowed");
+}

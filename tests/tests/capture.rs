@@ -1,0 +1,180 @@
+//! The main job, end to end: a uprobe hit on `trigger` rotates perf's
+//! output, repeatedly, without stopping the target. Privileged.
+
+use std::time::{Duration, Instant};
+
+use mt_agent_tests::*;
+
+#[test]
+fn five_hits_give_five_snapshots_and_a_tail() {
+    let mut t = Target::start(&target_path("target"), &["calls", "5", "300"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--max-snapshots", "5"]);
+    agent.wait_armed();
+    let watcher = Watcher::start(t.pid());
+    t.go();
+    let run = agent.finish(FINISH);
+    let (tracers, states) = watcher.stop();
+    assert_eq!(run.code, Some(0), "{}", run.output());
+
+    let hits = run.entries("hit");
+    assert_eq!(hits.len(), 5, "{}", run.output());
+    for (i, h) in hits.iter().enumerate() {
+        let first = &h["hits"][0];
+        assert_eq!(first["args"][0], i as u64, "hit {i}: {h}");
+        assert_eq!(first["seq"], i as u64 + 1);
+        assert_eq!(first["merged"], false);
+        assert_eq!(first["tgid"].as_i64(), Some(t.pid() as i64));
+        assert!(h["hit_to_kill_ns"].as_u64().is_some());
+    }
+    let tails = run.entries("tail");
+    assert_eq!(tails.len(), 1, "{}", run.output());
+    assert_eq!(run.index.last().unwrap()["kind"], "tail");
+    run.assert_index_consistent();
+
+    // Every snapshot has samples of the target.
+    for e in hits.iter().chain(&tails) {
+        let file = run.out.join(e["file"].as_str().unwrap());
+        let script = perf_script(&file);
+        assert!(
+            script.lines().any(|l| l.trim_start().starts_with(&pid)),
+            "no samples of pid {pid} in {}:\n{}",
+            file.display(),
+            script.lines().take(5).collect::<Vec<_>>().join("\n")
+        );
+    }
+    // Never stopped, never traced.
+    assert_eq!(
+        tracers,
+        ["0".to_string()].into_iter().collect(),
+        "TracerPid seen: {tracers:?}"
+    );
+    assert!(
+        !states.contains("T") && !states.contains("t"),
+        "target states seen: {states:?}"
+    );
+    t.wait(Duration::from_secs(10));
+}
+
+#[test]
+fn cooldown_drops_in_the_kernel_and_counts_add_up() {
+    // 10,000 calls in a tight loop, 100 us of spinning between them (~1 s).
+    let mut t = Target::start(&target_path("target"), &["loop", "10000", "100"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--cooldown",
+        "200ms",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let started = Instant::now();
+    t.go();
+    t.wait(Duration::from_secs(30));
+    let run = agent.finish(FINISH);
+    let elapsed = started.elapsed();
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().expect("summary event");
+    let c = &s["counters"];
+    let seen = c["seen"].as_u64().unwrap();
+    let accepted = c["accepted"].as_u64().unwrap();
+    let dropped = c["dropped"]["cooldown"].as_u64().unwrap();
+    assert_eq!(seen, 10_000, "{s}");
+    assert_eq!(seen, dropped + accepted, "{s}");
+    assert_eq!(c["lost"], 0);
+    let hit_snapshots = s["stats"]["hit_snapshots"].as_u64().unwrap();
+    let merged = s["stats"]["merged"].as_u64().unwrap();
+    assert_eq!(accepted, hit_snapshots + merged, "{s}");
+    let bound = elapsed.as_millis() as u64 / 200 + 1;
+    assert!(
+        hit_snapshots <= bound,
+        "{hit_snapshots} hit snapshots in {elapsed:?}: {s}"
+    );
+    assert!(
+        hit_snapshots >= 2,
+        "expected several snapshots over ~1 s: {s}"
+    );
+    assert_eq!(run.entries("hit").len() as u64, hit_snapshots);
+    run.assert_index_consistent();
+}
+
+#[test]
+fn ctrl_c_on_the_process_group_is_a_clean_end() {
+    let mut t = Target::start(&target_path("target"), &["calls", "100", "200"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    // Let a few snapshots happen, then press Ctrl-C.
+    agent
+        .proc
+        .wait_line(Duration::from_secs(10), |l| {
+            l.contains("\"event\":\"snapshot\"")
+        })
+        .expect("a snapshot before Ctrl-C");
+    agent.proc.signal_group(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!(
+        run.index.last().unwrap()["kind"],
+        "tail",
+        "{}",
+        run.output()
+    );
+    let s = run.summary().unwrap();
+    assert_eq!(
+        s["perf_exit"], "exit status 0",
+        "perf did not exit cleanly: {s}"
+    );
+    assert!(s["end"].as_str().unwrap().contains("SIGINT"), "{s}");
+    run.assert_index_consistent();
+    // The target was not touched.
+    assert!(status_field(t.pid(), "State").is_some());
+}
+
+#[test]
+fn sigterm_and_sighup_are_clean_ends() {
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        let mut t = Target::start(&target_path("target"), &["calls", "100", "200"]);
+        let pid = t.pid().to_string();
+        let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+        agent.wait_armed();
+        t.go();
+        std::thread::sleep(Duration::from_millis(500));
+        agent.proc.signal(sig);
+        let run = agent.finish(FINISH);
+        assert_eq!(run.code, Some(0), "signal {sig}: {}", run.output());
+        assert_eq!(run.index.last().unwrap()["kind"], "tail");
+        run.assert_index_consistent();
+        assert!(status_field(t.pid(), "State").is_some(), "target died");
+    }
+}
+
+#[test]
+fn target_exit_ends_the_run_with_a_tail() {
+    let mut t = Target::start(&target_path("target"), &["calls", "3", "200"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(10));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!(run.entries("hit").len(), 3, "{}", run.output());
+    assert_eq!(
+        run.index.last().unwrap()["kind"],
+        "tail",
+        "{}",
+        run.output()
+    );
+    assert!(
+        run.summary().unwrap()["end"]
+            .as_str()
+            .unwrap()
+            .contains("target exited")
+    );
+    run.assert_index_consistent();
+}
