@@ -66,6 +66,12 @@ fn main() {
         .arg(s("libuser.c"))
         .arg(format!("-L{}", out.display()))
         .args(["-ltrig", "-Wl,-rpath,$ORIGIN", "-ldl"]));
+    run(Command::new("gcc")
+        .args(cflags)
+        .args(["-DDLOPEN_ONLY", "-o"])
+        .arg(o("dlopener"))
+        .arg(s("libuser.c"))
+        .arg("-ldl"));
     run(Command::new("g++")
         .args(cflags)
         .arg("-o")

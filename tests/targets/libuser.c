@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Built twice: `libuser` links libtrig.so; `dlopener` (-DDLOPEN_ONLY) does
+ * not, so the library appears only when dlopen maps it. */
 void lib_trigger(long i);
 volatile long user_sink;
 
@@ -30,11 +32,13 @@ int main(int argc, char **argv) {
   char line[64];
   if (!fgets(line, sizeof line, stdin)) return 3;
   if (!strcmp(mode, "calls")) {
+#ifndef DLOPEN_ONLY
     long n = strtol(argv[2], NULL, 0), gap = strtol(argv[3], NULL, 0);
     for (long i = 0; i < n; i++) {
       lib_trigger(i);
       sleep_ms(gap);
     }
+#endif
   } else if (!strcmp(mode, "wait")) {
     for (;;) pause();
   } else if (!strcmp(mode, "dlopen")) {

@@ -49,6 +49,10 @@ __asm__(".globl trigger_push\n.type trigger_push,@function\ntrigger_push:\n"
         "  .byte 0x0f,0x1f,0x44,0x00,0x00\n  ret\n.size trigger_nop5, .-trigger_nop5\n"
         ".globl trigger_step\n.type trigger_step,@function\ntrigger_step:\n"
         "  mov sink(%rip), %rax\n  ret\n.size trigger_step, .-trigger_step\n");
+/* A compiler-style clone with no original body: `fclone` names only
+ * `fclone.constprop.0`, which must not be picked silently. */
+__asm__(".globl fclone.constprop.0\n.type fclone.constprop.0,@function\nfclone.constprop.0:\n"
+        "  push %rbp\n  pop %rbp\n  ret\n.size fclone.constprop.0, .-fclone.constprop.0\n");
 void trigger_push(long);
 void trigger_nop5(long);
 void trigger_step(long);

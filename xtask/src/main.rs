@@ -1,1 +1,55 @@
-fn main() {}
+//! `cargo xtask`: the project's tasks.
+//!
+//! * `setup [--with-test-deps]`: install what is missing (idempotent).
+//! * `demo`: the main job on a bundled demo workload.
+//! * `test [FILTER]`: setup, then every test (end-to-end ones one at a time).
+
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "mt-agent's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the toolchain pieces and system packages mt-agent needs.
+    Setup {
+        /// Also install what the tests build and trace.
+        #[arg(long)]
+        with_test_deps: bool,
+    },
+    /// Build in release mode and run mt-agent on the bundled demo workload.
+    Demo,
+    /// Run setup, then every test. End-to-end tests run as root (via sudo).
+    Test {
+        /// Skip setup (it is idempotent, but checks take a few seconds).
+        #[arg(long)]
+        no_setup: bool,
+        /// Only end-to-end tests whose name contains this.
+        filter: Vec<String>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Setup { with_test_deps } => setup::setup(with_test_deps),
+        Task::Demo => demo::demo(),
+        Task::Test { no_setup, filter } => test::test(&filter, no_setup),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! Finding the trigger wherever users have it: threads, shared libraries,
+//! C++ and Rust names, stripped binaries, separate debug info, dlopen,
+//! refusals, fork and exec, and the `symbols` listing. Privileged.
+
+use std::{
+    fs,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+fn capture(t: &mut Target, args: &[&str]) -> Run {
+    let pid = t.pid().to_string();
+    let mut full = vec!["--pid", pid.as_str(), "--json"];
+    full.extend_from_slice(args);
+    let mut agent = Agent::start(&full);
+    agent.wait_armed();
+    t.go();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    run.assert_index_consistent();
+    run
+}
+
+/// Runs the agent on an idle target and expects a refusal with exit code 2.
+fn refusal(pid: i32, args: &[&str]) -> Run {
+    let pid = pid.to_string();
+    let mut full = vec!["--pid", pid.as_str()];
+    full.extend_from_slice(args);
+    let run = Agent::start(&full).finish(Duration::from_secs(30));
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(!run.out.exists(), "output left behind\n{}", run.output());
+    run
+}
+
+fn stderr_has(run: &Run, needle: &str) {
+    assert!(
+        run.stderr.iter().any(|l| l.contains(needle)),
+        "expected {needle:?}\n{}",
+        run.output()
+    );
+}
+
+#[test]
+fn hits_in_every_thread_count() {
+    let mut t = Target::start(&target_path("target"), &["threads", "8", "250"]);
+    let run = capture(&mut t, &["--symbol", "trigger"]);
+    let tids: std::collections::HashSet<i64> = run
+        .hits()
+        .iter()
+        .map(|h| h["tid"].as_i64().unwrap())
+        .collect();
+    assert_eq!(tids.len(), 8, "tids seen: {tids:?}\n{}", run.output());
+    assert!(
+        !tids.contains(&(t.pid() as i64)),
+        "the main thread never calls the trigger"
+    );
+}
+
+#[test]
+fn a_library_probe_stays_on_its_process() {
+    // Both map the same libtrig.so; only the untraced one calls lib_trigger.
+    let traced = Target::start(&target_path("libuser"), &["wait"]);
+    let mut other = Target::start(&target_path("libuser"), &["calls", "5", "100"]);
+    let pid = traced.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "lib_trigger",
+        "--duration",
+        "2s",
+        "--json",
+    ]);
+    agent.wait_armed();
+    other.go();
+    other.wait(Duration::from_secs(10));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().unwrap();
+    assert_eq!(s["counters"]["seen"], 0, "{s}");
+    assert!(run.entries("hit").is_empty());
+    // The armed line names the library, not the executable.
+    let armed = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("\"event\":\"armed\""))
+        .unwrap();
+    assert!(armed.contains("libtrig.so"), "{armed}");
+}
+
+#[test]
+fn cpp_names_match_demangled() {
+    // The full signature resolves (and arms) on an idle process...
+    let idle = Target::start(&target_path("worker"), &["calls", "3", "300"]);
+    let pid = idle.pid().to_string();
+    let mut a = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "ns::Worker::handle(int)",
+        "--duration",
+        "500ms",
+    ]);
+    a.wait_armed();
+    let run = a.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    drop(idle);
+    // ...and the name without parameters triggers: arg0 is `this`, arg1 is x.
+    let mut t = Target::start(&target_path("worker"), &["calls", "3", "300"]);
+    let run = capture(
+        &mut t,
+        &["--symbol", "ns::Worker::handle", "--max-snapshots", "3"],
+    );
+    let xs: Vec<u64> = run
+        .entries("hit")
+        .iter()
+        .map(|h| h["hits"][0]["args"][1].as_u64().unwrap())
+        .collect();
+    assert_eq!(xs, [0, 1, 2], "{}", run.output());
+}
+
+#[test]
+fn rust_names_match_demangled() {
+    let mut t = Target::start(&rust_bin("rust_target"), &["3", "300"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "rust_target::module::handler",
+            "--max-snapshots",
+            "3",
+        ],
+    );
+    let args: Vec<u64> = run
+        .entries("hit")
+        .iter()
+        .map(|h| h["hits"][0]["args"][0].as_u64().unwrap())
+        .collect();
+    assert_eq!(args, [0, 1, 2], "{}", run.output());
+}
+
+#[test]
+fn stripped_pie_uses_dynsym() {
+    let mut t = Target::start(&target_path("target_pie_stripped"), &["calls", "2", "300"]);
+    let run = capture(&mut t, &["--symbol", "trigger"]);
+    assert_eq!(run.entries("hit").len(), 2, "{}", run.output());
+    // A name only .symtab would have: says the object is stripped.
+    let idle = Target::start(&target_path("target_pie_stripped"), &["wait"]);
+    let run = refusal(
+        idle.pid(),
+        &["--symbol", "burn_ms", "--object", "target_pie_stripped"],
+    );
+    stderr_has(
+        &run,
+        "is stripped (no .symtab) and no debug info was found; looked in:",
+    );
+}
+
+#[test]
+fn separate_debug_info_through_debuglink() {
+    let mut t = Target::start(&target_path("target_debuglink"), &["calls", "2", "300"]);
+    let run = capture(&mut t, &["--symbol", "trigger"]);
+    assert_eq!(run.entries("hit").len(), 2, "{}", run.output());
+    assert!(
+        run.stdout
+            .iter()
+            .any(|l| l.contains("separate debug info") && l.contains("target_debuglink.debug")),
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn sqlite3_step_in_debians_libsqlite3() {
+    for extra in [&[][..], &["--object", "libsqlite3"][..]] {
+        let mut cmd = Command::new("/usr/bin/sqlite3");
+        cmd.arg(":memory:");
+        let mut db = Proc::spawn(cmd);
+        // Give the loader a moment to map libsqlite3.
+        let end = Instant::now() + Duration::from_secs(5);
+        while !fs::read_to_string(format!("/proc/{}/maps", db.pid()))
+            .unwrap_or_default()
+            .contains("libsqlite3")
+        {
+            assert!(Instant::now() < end, "sqlite3 did not map libsqlite3");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = db.pid().to_string();
+        let mut args = vec!["--pid", pid.as_str(), "--symbol", "sqlite3_step", "--json"];
+        args.extend_from_slice(extra);
+        let mut agent = Agent::start(&args);
+        agent.wait_armed();
+        db.send("CREATE TABLE t(x);");
+        for i in 0..4 {
+            std::thread::sleep(Duration::from_millis(250));
+            db.send(&format!("INSERT INTO t VALUES({i});"));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        db.send("SELECT count(*) FROM t;");
+        db.send(".quit");
+        db.close_stdin();
+        db.wait(Duration::from_secs(10)).expect("sqlite3 exits");
+        let run = agent.finish(FINISH);
+        assert_eq!(run.code, Some(0), "{}", run.output());
+        assert!(run.entries("hit").len() >= 4, "{extra:?}\n{}", run.output());
+        let armed = run
+            .stdout
+            .iter()
+            .find(|l| l.contains("\"event\":\"armed\""))
+            .unwrap();
+        assert!(armed.contains("libsqlite3.so"), "{armed}");
+    }
+}
+
+#[test]
+fn dlopened_libraries_need_wait_for_symbol() {
+    let lib = target_path("libtrig.so").display().to_string();
+    // Without --wait-for-symbol: a clear "not mapped yet".
+    let idle = Target::start(&target_path("dlopener"), &["dlopen", &lib, "3", "300"]);
+    let run = refusal(
+        idle.pid(),
+        &["--symbol", "lib_trigger", "--object", "libtrig"],
+    );
+    stderr_has(&run, "--wait-for-symbol");
+    drop(idle);
+
+    let mut t = Target::start(&target_path("dlopener"), &["dlopen", &lib, "3", "300"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "lib_trigger",
+        "--wait-for-symbol",
+        "10s",
+        "--json",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        agent.proc.try_status().is_none(),
+        "agent gave up early: {:?}",
+        agent.proc.stderr()
+    );
+    t.go();
+    agent.wait_armed();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!(run.entries("hit").len(), 3, "{}", run.output());
+}
+
+#[test]
+fn refusals_explain_themselves() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let run = refusal(t.pid(), &["--symbol", "trigger_data"]);
+    stderr_has(&run, "is a data symbol, not a function");
+    // trigger_step starts with a 7-byte `mov`: offset 3 is inside it.
+    let run = refusal(t.pid(), &["--symbol", "trigger_step", "--offset", "3"]);
+    stderr_has(&run, "not an instruction boundary");
+    let run = refusal(t.pid(), &["--symbol", "fclone"]);
+    stderr_has(&run, "has no body of its own");
+    stderr_has(&run, "fclone.constprop.0");
+
+    let u = Target::start(&target_path("libuser"), &["common"]);
+    let run = refusal(u.pid(), &["--symbol", "common_name"]);
+    stderr_has(&run, "matches 2 functions");
+    stderr_has(&run, "libtrig.so");
+    stderr_has(&run, "libuser");
+    stderr_has(&run, "--object");
+    let run = refusal(u.pid(), &["--symbol", "versioned"]);
+    stderr_has(&run, "versioned@V1");
+    stderr_has(&run, "versioned@@V2");
+    let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
+    stderr_has(&run, "IFUNC");
+    stderr_has(&run, "lib_pick_fast");
+    stderr_has(&run, "lib_pick_generic");
+}
+
+#[test]
+fn an_offset_on_a_boundary_is_accepted() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    // trigger_step: 7-byte mov, then ret at offset 7.
+    let mut a = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger_step",
+        "--offset",
+        "7",
+        "--duration",
+        "300ms",
+    ]);
+    a.wait_armed();
+    let run = a.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        run.stdout.iter().any(|l| l.contains("trigger_step+0x7")),
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn forked_children_do_not_trigger() {
+    let mut t = Target::start(&target_path("target"), &["fork"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(10));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!(
+        run.summary().unwrap()["counters"]["seen"],
+        0,
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn exec_ends_the_run_cleanly() {
+    let mut t = Target::start(&target_path("target"), &["exec", "/bin/sleep", "30"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    // trigger(0), 0.2 + 0.3 s of CPU, then exec.
+    let exec_at = Instant::now() + Duration::from_millis(500);
+    let run = agent.finish(FINISH);
+    let took = Instant::now().saturating_duration_since(exec_at);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} to notice the exec"
+    );
+    assert_eq!(
+        run.index.last().unwrap()["kind"],
+        "tail",
+        "{}",
+        run.output()
+    );
+    assert!(
+        run.stdout.iter().any(|l| l.contains("exec'd a new image")),
+        "{}",
+        run.output()
+    );
+    assert_eq!(run.entries("hit").len(), 1, "{}", run.output());
+}
+
+fn symbols(pid: i32, pattern: &str, json: bool) -> (i32, String) {
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["symbols", "--pid", &pid.to_string(), pattern]);
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn symbols_lists_functions_with_their_cost() {
+    preflight();
+    let c = Target::start(&target_path("target"), &["wait"]);
+    let (code, text) = symbols(c.pid(), "trigger_", false);
+    assert_eq!(code, 0, "{text}");
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+            .to_string()
+    };
+    assert!(
+        line("trigger_push").contains("push rbp: emulated"),
+        "{text}"
+    );
+    assert!(line("trigger_nop5").contains("optimized (nop5)"), "{text}");
+    assert!(line("trigger_step").contains("single-stepped"), "{text}");
+
+    let (code, json) = symbols(c.pid(), "trigger_push", true);
+    assert_eq!(code, 0);
+    let rows: Vec<Value> = serde_json::from_str(&json).unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r["mangled"] == "trigger_push")
+        .expect("trigger_push row");
+    assert_eq!(row["cost"]["cost"], "emulated");
+    assert_eq!(row["size"], 3);
+    assert!(row["object"].as_str().unwrap().ends_with("/target"));
+    assert!(
+        row["address"].as_u64().unwrap() > row["elf_address"].as_u64().unwrap(),
+        "PIE: runtime address is relocated"
+    );
+
+    let cpp = Target::start(&target_path("worker"), &["calls", "1", "1"]);
+    let (_, text) = symbols(cpp.pid(), "handle", false);
+    let l = text
+        .lines()
+        .find(|l| l.contains("ns::Worker::handle(int)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        l.contains("_ZN2ns6Worker6handleEi") && l.contains("/hit"),
+        "{l}"
+    );
+
+    let rs = Target::start(&rust_bin("rust_target"), &["1", "1"]);
+    let (_, text) = symbols(rs.pid(), "module::handler", false);
+    let l = text
+        .lines()
+        .find(|l| l.contains("rust_target::module::handler"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(l.contains("/hit"), "{l}");
+}
