@@ -24,7 +24,10 @@
 
 #[cfg(target_arch = "bpf")]
 mod prog {
-    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
+    use core::intrinsics::{
+        AtomicOrdering::{Relaxed, SeqCst},
+        atomic_cxchg, atomic_xadd,
+    };
 
     use agent_common::{
         CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, Counter, DEFAULT_RING_BYTES, Frame, FrameKey,
@@ -101,11 +104,24 @@ mod prog {
 
     /// Atomic add that returns the previous value (BPF_ATOMIC | BPF_FETCH).
     ///
+    /// SeqCst, not Relaxed: with Relaxed, LLVM 22's BPF backend emits the
+    /// non-fetch `lock add` (no BPF_FETCH flag) even when the result is used,
+    /// and the "previous value" is then whatever the operand register held.
+    ///
     /// # Safety
     /// `slot` must point at a live, 8-byte aligned map value.
     #[inline(always)]
     unsafe fn fetch_add(slot: *mut u64, value: u64) -> u64 {
-        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(slot, value) }
+        unsafe { atomic_xadd::<u64, u64, { SeqCst }>(slot, value) }
+    }
+
+    /// Atomic add whose result is not needed (BPF_ATOMIC, `lock add`).
+    ///
+    /// # Safety
+    /// As for [`fetch_add`].
+    #[inline(always)]
+    unsafe fn add(slot: *mut u64, value: u64) {
+        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(slot, value) };
     }
 
     /// Atomic compare-exchange (BPF_CMPXCHG); true when `new` was stored.
@@ -122,7 +138,7 @@ mod prog {
         if let Some(slot) = COUNTERS.get_ptr_mut(trigger * NCOUNTERS + counter as u32) {
             // SAFETY: a map value lives as long as the map; the atomic add
             // keeps the count exact when the program is preempted.
-            unsafe { fetch_add(slot, 1) };
+            unsafe { add(slot, 1) };
         }
     }
 
@@ -411,8 +427,8 @@ mod prog {
         // A plain uprobe on `ret` sees the same value as the entry did.
         if after_ret {
             // SysV position is !rsp, Go's is hi - rsp: both shrink by 8 when
-            // rsp grows by 8.
-            pos = pos.wrapping_sub(8);
+            // the `ret` pops the return address, so the entry saw pos + 8.
+            pos = pos.wrapping_add(8);
         }
         let key = FrameKey {
             id,

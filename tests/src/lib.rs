@@ -577,11 +577,61 @@ impl Watcher {
 /// Runs `perf script -i FILE` and returns its output.
 pub fn perf_script(file: &Path) -> String {
     let out = Command::new(perf_bin().expect("perf"))
-        .args(["script", "-F", "pid,tid,time,ip,sym", "-i"])
+        .args(["script", "-F", "pid,tid,time,ip,sym", "--ns", "-i"])
         .arg(file)
         .output()
         .expect("perf script");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One sample from `perf script`: its thread, time and call stack.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub pid: i32,
+    pub tid: i32,
+    /// Sample time, ns (CLOCK_MONOTONIC: mt-agent records with -k).
+    pub time_ns: u64,
+    /// Symbols, innermost first.
+    pub frames: Vec<String>,
+}
+
+/// The samples of a snapshot file, with their call stacks.
+pub fn perf_samples(file: &Path) -> Vec<Sample> {
+    let text = perf_script(file);
+    let mut out: Vec<Sample> = Vec::new();
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if !line.starts_with('\t') {
+            // Header: " PID/TID  SECONDS.NANOS: [ip sym]"
+            let mut words = line.split_whitespace();
+            let Some((pid, tid)) = words.next().and_then(|w| w.split_once('/')) else {
+                continue;
+            };
+            let Some(time) = words
+                .next()
+                .and_then(|w| w.strip_suffix(':'))
+                .and_then(|t| t.parse::<f64>().ok())
+            else {
+                continue;
+            };
+            let frames = words.skip(1).take(1).map(str::to_string).collect();
+            out.push(Sample {
+                pid: pid.parse().unwrap_or(0),
+                tid: tid.parse().unwrap_or(0),
+                time_ns: (time * 1e9) as u64,
+                frames,
+            });
+        } else if let Some(last) = out.last_mut() {
+            // Stack line: "\t  ip sym+off (dso)"
+            if let Some(sym) = line.split_whitespace().nth(1) {
+                last.frames
+                    .push(sym.split('+').next().unwrap_or(sym).to_string());
+            }
+        }
+    }
+    out
 }
 
 /// The 10-second default for waiting on an agent.

@@ -38,7 +38,7 @@ volatile uint64_t sink;
 #ifdef STATIC_TRIGGER
 static
 #endif
-__attribute__((noinline, used)) void trigger(long i) { sink += (uint64_t)i; }
+__attribute__((noipa, used)) void trigger(long i) { sink += (uint64_t)i; }
 
 /* Trigger functions whose first instruction is fixed, for cost hints and the
  * bench: push (emulated), a 5-byte nop (optimized), and a RIP-relative load
@@ -78,22 +78,45 @@ static void sleep_ms(long ms) {
   nanosleep(&t, NULL);
 }
 
-__attribute__((noinline)) long f_slow(long i) {
+/* noipa: no inlining and no IPA clones (f.constprop.0), so each test
+ * function is one symbol with real calls. */
+__attribute__((noipa)) long f_slow(long i) {
   if (i == 10 || i == 20 || i == 30) sleep_ms(10);
   sink += (uint64_t)i;
   return i * 2;
 }
 
-__attribute__((noinline)) long f_rec(long i, int depth) {
-  if (depth > 0) return f_rec(i, depth - 1) + 1;
-  if (i == 10 || i == 20 || i == 30) sleep_ms(10);
+/* Recursive: the outermost call recurses 3 levels (fast calls that return
+ * first), then, for i in {10,20,30}, sleeps. Only that outermost frame is
+ * slow, so its entry slot must survive the nested calls. */
+__attribute__((noipa)) long f_rec(long i, int depth) {
+  long r = 0;
+  if (depth > 0) r = f_rec(i, depth - 1);
+  if (depth == 3 && (i == 10 || i == 20 || i == 30)) sleep_ms(10);
   sink += (uint64_t)i;
-  return i;
+  return r + i;
 }
 
-__attribute__((noinline)) void f_after(long i) {
+/* Spin iterations per ms, measured at startup, so f_after can burn CPU
+ * in its own code: samples inside libc's clock_gettime have no frame
+ * pointers to unwind through, so they would not show f_after. */
+static uint64_t spins_per_ms;
+
+__attribute__((noipa)) static void spin(uint64_t n) {
+  for (uint64_t k = 0; k < n; k++) __asm__ volatile("" ::: "memory");
+}
+
+static void calibrate(void) {
+  uint64_t t0 = now_ns();
+  spin(10000000);
+  uint64_t dt = now_ns() - t0;
+  spins_per_ms = 10000000ull * 1000000ull / (dt ? dt : 1);
+}
+
+__attribute__((noipa)) void f_after(long i) {
   sink += (uint64_t)i;
-  burn_ms(30);
+  /* 30 ms of CPU in f_after's own frame (spin inlined by hand). */
+  for (uint64_t k = 0; k < 30 * spins_per_ms; k++) __asm__ volatile("" ::: "memory");
 }
 
 static long g_gap, g_n;
@@ -109,7 +132,7 @@ static void *thread_tids(void *arg) {
   long k = (long)arg;
   printf("tid %ld %ld\n", k, (long)syscall(SYS_gettid));
   fflush(stdout);
-  sleep_ms(300);
+  sleep_ms(1500); /* time for the test to start an agent with --tid */
   for (long i = 0; i < g_n; i++) {
     trigger(k);
     sleep_ms(g_gap);
@@ -182,6 +205,7 @@ int main(int argc, char **argv) {
     for (long k = 0; k < a && k < 64; k++) pthread_create(&t[k], NULL, thread_slow, NULL);
     for (long k = 0; k < a && k < 64; k++) pthread_join(t[k], NULL);
   } else if (!strcmp(mode, "after")) {
+    calibrate();
     f_after(1);
     burn_ms(100);
   } else if (!strcmp(mode, "fork")) {

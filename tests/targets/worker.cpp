@@ -16,8 +16,8 @@ volatile long sink;
 
 namespace ns {
 struct Worker {
-  __attribute__((noinline)) void handle(int x);
-  __attribute__((noinline)) long risky(int x);
+  __attribute__((noipa)) void handle(int x);
+  __attribute__((noipa)) long risky(int x);
 };
 
 void Worker::handle(int x) { sink += x; }

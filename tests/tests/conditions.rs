@@ -1,0 +1,430 @@
+//! Trigger conditions evaluated in the kernel: --when, --slower-than,
+//! --every, --tid, --max-rate, --after; C++ exceptions and Go. Privileged.
+//! The exact-count tests call the trigger from one thread.
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+/// Starts an agent on `t`, gives the go signal, waits for the target and the
+/// agent; the run must end cleanly.
+fn run_on(t: &mut Target, args: &[&str]) -> Run {
+    let pid = t.pid().to_string();
+    let mut full = vec!["--pid", pid.as_str(), "--json"];
+    full.extend_from_slice(args);
+    let mut agent = Agent::start(&full);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    run.assert_index_consistent();
+    run
+}
+
+fn counters(run: &Run) -> Value {
+    run.summary().expect("summary")["counters"].clone()
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// seen = Σ dropped + accepted (+ calls still open) holds exactly.
+fn assert_counts_add_up(run: &Run) {
+    let s = run.summary().unwrap();
+    let c = &s["counters"];
+    let d = &c["dropped"];
+    let dropped: u64 = [
+        "tid",
+        "when",
+        "duration",
+        "every",
+        "rate",
+        "cooldown",
+        "no_return",
+    ]
+    .iter()
+    .map(|k| n(&d[*k]))
+    .sum();
+    assert_eq!(
+        n(&c["seen"]),
+        dropped + n(&c["accepted"]) + n(&s["open_calls"]),
+        "{s}"
+    );
+    assert_eq!(
+        n(&c["accepted"]),
+        n(&s["stats"]["delivered"]) + n(&c["lost"]),
+        "{s}"
+    );
+}
+
+#[test]
+fn when_arg0_equals_42() {
+    let mut t = Target::start(&target_path("target"), &["calls", "1000", "1"]);
+    let run = run_on(&mut t, &["--symbol", "trigger", "--when", "arg0 == 42"]);
+    let hits = run.entries("hit");
+    assert_eq!(hits.len(), 1, "{}", run.output());
+    assert_eq!(hits[0]["hits"][0]["args"][0], 42);
+    let c = counters(&run);
+    assert_eq!(
+        (n(&c["seen"]), n(&c["dropped"]["when"]), n(&c["accepted"])),
+        (1000, 999, 1),
+        "{c}"
+    );
+    // Each index line carries the counters too.
+    assert_eq!(hits[0]["counters"]["accepted"], 1);
+    assert_counts_add_up(&run);
+}
+
+fn assert_three_slow_calls(run: &Run, per_call_arg: impl Fn(&Value) -> u64) {
+    let c = counters(run);
+    assert_eq!(n(&c["accepted"]), 3, "{}", run.output());
+    let hits = run.hits();
+    assert_eq!(hits.len(), 3, "{}", run.output());
+    let mut args: Vec<u64> = hits.iter().map(|h| per_call_arg(h)).collect();
+    args.sort();
+    assert_eq!(args, [10, 20, 30], "{}", run.output());
+    for h in hits {
+        assert!(n(&h["duration_ns"]) >= 5_000_000, "{h}");
+    }
+    assert_counts_add_up(run);
+}
+
+#[test]
+fn slower_than_triggers_at_the_return_of_slow_calls() {
+    let mut t = Target::start(&target_path("target"), &["slow", "50"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "5ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    for h in run.hits() {
+        // f_slow returns i * 2.
+        assert_eq!(n(&h["retval"]), 2 * n(&h["args"][0]), "{h}");
+    }
+    assert_eq!(n(&counters(&run)["dropped"]["duration"]), 47);
+}
+
+#[test]
+fn slower_than_on_a_recursive_function() {
+    let mut t = Target::start(&target_path("target"), &["slowrec", "50"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "f_rec",
+            "--slower-than",
+            "5ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    // 50 outer calls, each with 3 nested ones.
+    assert_eq!(n(&counters(&run)["seen"]), 200);
+}
+
+#[test]
+fn slower_than_on_four_threads() {
+    let mut t = Target::start(&target_path("target"), &["slowthreads", "4", "50"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "5ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let c = counters(&run);
+    assert_eq!(n(&c["accepted"]), 12, "{}", run.output());
+    let hits = run.hits();
+    assert_eq!(hits.len(), 12, "{}", run.output());
+    assert!(hits.iter().all(|h| n(&h["duration_ns"]) >= 5_000_000));
+    assert_counts_add_up(&run);
+}
+
+#[test]
+fn every_hundredth_hit() {
+    let mut t = Target::start(&target_path("target"), &["loop", "10000", "100"]);
+    let run = run_on(
+        &mut t,
+        &["--symbol", "trigger", "--every", "100", "--cooldown", "0"],
+    );
+    let c = counters(&run);
+    assert_eq!(
+        (n(&c["seen"]), n(&c["accepted"]), n(&c["dropped"]["every"])),
+        (10_000, 100, 9_900),
+        "{c}"
+    );
+    // Every 100th call: args 99, 199, ...
+    let args: Vec<u64> = run.hits().iter().map(|h| n(&h["args"][0])).collect();
+    assert_eq!(args, (0..100).map(|k| k * 100 + 99).collect::<Vec<_>>());
+    assert_counts_add_up(&run);
+}
+
+#[test]
+fn only_the_chosen_thread() {
+    let mut t = Target::start(&target_path("target"), &["tids", "4", "5", "200"]);
+    t.go();
+    let mut tids = Vec::new();
+    for k in 0..4 {
+        let line = t
+            .proc
+            .wait_line(Duration::from_secs(5), |l| {
+                l.starts_with(&format!("tid {k} "))
+            })
+            .expect("tid line");
+        tids.push(line.split_whitespace().nth(2).unwrap().to_string());
+    }
+    let chosen = tids[2].clone();
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid", &pid, "--json", "--symbol", "trigger", "--tid", &chosen,
+    ]);
+    agent.wait_armed();
+    t.wait(Duration::from_secs(30));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let c = counters(&run);
+    assert_eq!((n(&c["seen"]), n(&c["dropped"]["tid"])), (20, 15), "{c}");
+    assert_eq!(n(&c["accepted"]), 5, "{c}");
+    assert!(
+        run.hits().iter().all(|h| h["tid"].to_string() == chosen),
+        "{}",
+        run.output()
+    );
+    assert_counts_add_up(&run);
+}
+
+#[test]
+fn max_rate_is_a_token_bucket() {
+    let mut t = Target::start(&target_path("target"), &["storm", "2"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "trigger",
+            "--max-rate",
+            "10/s",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let c = counters(&run);
+    let accepted = n(&c["accepted"]);
+    assert!((19..=21).contains(&accepted), "accepted {accepted}: {c}");
+    assert!(n(&c["dropped"]["rate"]) > 10_000, "{c}");
+    assert_counts_add_up(&run);
+}
+
+#[test]
+fn after_keeps_what_the_function_did_next() {
+    let mut t = Target::start(&target_path("target"), &["after"]);
+    let run = run_on(
+        &mut t,
+        &["--symbol", "f_after", "--after", "20ms", "-F", "1999"],
+    );
+    let hits = run.entries("hit");
+    assert_eq!(hits.len(), 1, "{}", run.output());
+    let hit_ns = n(&hits[0]["hits"][0]["ktime_ns"]);
+    assert!(n(&hits[0]["hit_to_kill_ns"]) >= 20_000_000, "{}", hits[0]);
+    let file = run.out.join(hits[0]["file"].as_str().unwrap());
+    let samples = perf_samples(&file);
+    // Samples taken inside f_after (anywhere on the stack) after the hit.
+    let inside = samples
+        .iter()
+        .filter(|s| s.time_ns > hit_ns && s.frames.iter().any(|f| f == "f_after"))
+        .count();
+    assert!(
+        inside >= 5,
+        "{inside} samples in f_after after the hit; {} samples in all",
+        samples.len()
+    );
+}
+
+#[test]
+fn cpp_exceptions_through_a_timed_function() {
+    let mut t = Target::start(&target_path("worker"), &["throw", "20"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "ns::Worker::risky",
+            "--slower-than",
+            "5ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    // The program survived and caught every exception.
+    assert!(
+        t.proc.stdout().iter().any(|l| l == "caught 10"),
+        "{:?}",
+        t.proc.stdout()
+    );
+    let c = counters(&run);
+    // Odd x return normally after 10 ms; even x throw: never a trigger.
+    assert_eq!(n(&c["accepted"]), 10, "{}", run.output());
+    assert!(
+        run.hits().iter().all(|h| n(&h["args"][1]) % 2 == 1),
+        "{}",
+        run.output()
+    );
+    assert_counts_add_up(&run);
+}
+
+#[test]
+fn use_uretprobe_works_but_warns() {
+    let mut t = Target::start(&target_path("target"), &["slow", "50"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "5ms",
+            "--cooldown",
+            "0",
+            "--use-uretprobe",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    assert!(
+        run.stdout.iter().any(|l| l.contains("uretprobe")),
+        "{}",
+        run.output()
+    );
+}
+
+/// The Go target, built once per test binary.
+fn go_target() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/go");
+        let dir = std::env::temp_dir().join("mt-agent-test-go");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("gotarget");
+        let out = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg("main.go")
+            .current_dir(&src)
+            .env("GOCACHE", dir.join("cache"))
+            .env("GOPATH", dir.join("gopath"))
+            .env("GO111MODULE", "off")
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "go is missing ({e}): install golang-go (cargo xtask setup --with-test-deps)"
+                )
+            });
+        assert!(
+            out.status.success(),
+            "go build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+    .clone()
+}
+
+#[test]
+fn go_register_abi_and_moving_stacks() {
+    let bin = go_target();
+    // --when reads Go's register ABI: arg0 is RAX.
+    let mut t = Target::start(&bin, &["calls", "20", "5"]);
+    let run = run_on(&mut t, &["--symbol", "main.trigger", "--when", "arg0 == 7"]);
+    let hits = run.entries("hit");
+    assert_eq!(hits.len(), 1, "{}", run.output());
+    assert_eq!(hits[0]["hits"][0]["args"][0], 7);
+
+    // --slower-than without uretprobes, through a stack move.
+    let mut t = Target::start(&bin, &["slow", "50"]);
+    let run = run_on(
+        &mut t,
+        &[
+            "--symbol",
+            "main.slow",
+            "--slower-than",
+            "5ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    for h in run.hits() {
+        assert_eq!(n(&h["retval"]), n(&h["args"][0]) + 1, "{h}");
+    }
+
+    // --use-uretprobe is refused on Go.
+    let idle = Target::start(&bin, &["calls", "1", "1"]);
+    let pid = idle.pid().to_string();
+    let run = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "main.slow",
+        "--slower-than",
+        "5ms",
+        "--use-uretprobe",
+    ])
+    .finish(Duration::from_secs(30));
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(
+        run.stderr.iter().any(|l| l.contains("refused on Go")),
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn bad_expressions_point_at_the_problem() {
+    preflight();
+    for (expr, pos, needle) in [
+        ("arg7 == 1", 0, "unknown argument `arg7`"),
+        ("arg0 =~ 1", 5, "expected an operator"),
+        ("arg0 == 99999999999999999999", 8, "does not fit in 64 bits"),
+    ] {
+        let started = Instant::now();
+        let out = Command::new(agent_bin())
+            .args(["--pid", "1", "--symbol", "trigger", "--when", expr])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{expr}: {err}");
+        assert!(err.contains(needle), "{expr}: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        let caret = lines
+            .iter()
+            .find(|l| l.trim_end().ends_with('^'))
+            .expect("caret line");
+        let echo = lines
+            .iter()
+            .find(|l| l.contains("--when '"))
+            .expect("expression line");
+        let col = caret.find('^').unwrap();
+        assert_eq!(
+            col,
+            echo.find("--when '").unwrap() + "--when '".len() + pos,
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}
