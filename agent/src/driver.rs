@@ -508,10 +508,7 @@ impl Driver {
     }
 
     fn read_stderr(&mut self) {
-        let lines = match self.s.perf.read_stderr() {
-            Ok(l) => l,
-            Err(_) => Vec::new(),
-        };
+        let lines = self.s.perf.read_stderr().unwrap_or_default();
         self.perf_lines(lines);
         if self.stderr_open && self.s.perf.stderr_closed() {
             self.stderr_open = false;

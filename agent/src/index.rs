@@ -187,7 +187,6 @@ fn check_writable(dir: &Path) -> Result<(), Failure> {
 /// 0600, so a file or symlink planted there is never followed or reused.
 pub fn create_exclusive(path: &Path) -> io::Result<File> {
     OpenOptions::new()
-        .write(true)
         .append(true)
         .create_new(true)
         .mode(0o600)

@@ -206,7 +206,7 @@ fn only_the_chosen_thread() {
     assert_eq!((n(&c["seen"]), n(&c["dropped"]["tid"])), (20, 15), "{c}");
     assert_eq!(n(&c["accepted"]), 5, "{c}");
     assert!(
-        run.hits().iter().all(|h| h["tid"].to_string() == chosen),
+        run.hits().iter().all(|h| h["tid"] == chosen),
         "{}",
         run.output()
     );

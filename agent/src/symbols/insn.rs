@@ -161,15 +161,13 @@ pub fn exits(bytes: &[u8], ip: u64, parts: &[(u64, u64)]) -> Exits {
         }
         match insn.flow_control() {
             FlowControl::Return => out.rets.push(insn.ip() - ip),
-            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch => {
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
                 if matches!(
                     insn.op0_kind(),
                     OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16
-                ) {
-                    if !inside(insn.near_branch_target()) {
-                        out.tail_jumps += 1;
-                    }
-                }
+                ) && !inside(insn.near_branch_target()) =>
+            {
+                out.tail_jumps += 1;
             }
             FlowControl::IndirectBranch => out.indirect_jumps += 1,
             _ => {}
