@@ -109,14 +109,14 @@ pub fn demo() -> anyhow::Result<()> {
                     "--no-children",
                     "-g",
                     "none",
-                    "--sort",
-                    "symbol",
+                    "--fields",
+                    "overhead,sym",
                     "-i",
                 ])
                 .arg(out.join(file)),
         )
         .context("perf report")?;
-        println!("  top symbols (perf report --stdio --no-children --sort symbol):");
+        println!("  top symbols (perf report --stdio --no-children --fields overhead,sym):");
         for l in report
             .lines()
             .filter(|l| {

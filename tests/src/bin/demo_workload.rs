@@ -68,7 +68,7 @@ fn main() {
     while Instant::now() < end {
         id += 1;
         let size = 1_000 + next(&mut rng) % 50_000;
-        let work = 2_000_000 + next(&mut rng) % 6_000_000;
+        let work = 10_000_000 + next(&mut rng) % 30_000_000;
         let a = parse_payload(id, work);
         let b = hash_payload(a, work / 2);
         let c = compress_payload(b, work / 3);
