@@ -632,6 +632,7 @@ impl Driver {
             bytes,
             hits: &snap.hits,
             hit_to_kill_ns: snap.hit_to_kill_ns,
+            unlisted_hits: snap.unlisted_hits,
         });
         // perf's --switch-max-files (from --keep) deletes the oldest files.
         let out = &self.s.out_dir;
@@ -689,10 +690,9 @@ impl Driver {
             self.apply(actions);
         }
         let unsnapshotted = self.trigger.on_perf_exit();
-        if !unsnapshotted.is_empty() {
+        if unsnapshotted > 0 {
             self.s.reporter.warning(&format!(
-                "{} accepted hit(s) got no snapshot: perf ended before writing it",
-                unsnapshotted.len()
+                "{unsnapshotted} accepted hit(s) got no snapshot: perf ended before writing it"
             ));
         }
         let target_alive = self.s.plan.pid.is_some_and(target::is_alive);

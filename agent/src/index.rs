@@ -194,6 +194,10 @@ pub fn create_exclusive(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// The index writer.
 pub struct Index {
     file: File,
@@ -211,6 +215,9 @@ pub struct Entry<'a> {
     /// From the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hit_to_kill_ns: Option<u64>,
+    /// Merged hits beyond the 100 listed: counted only.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unlisted_hits: u64,
     /// The kernel's counters when the snapshot completed.
     pub counters: CounterValues,
     /// Hits merged into snapshots so far.
@@ -246,6 +253,7 @@ impl Index {
             bytes,
             hits: &s.hits,
             hit_to_kill_ns: s.hit_to_kill_ns,
+            unlisted_hits: s.unlisted_hits,
             counters,
             merged,
         })
@@ -317,6 +325,7 @@ mod tests {
             file: "perf.data.1".into(),
             hits: vec![],
             hit_to_kill_ns: None,
+            unlisted_hits: 0,
         };
         idx.snapshot(&snap, 10, CounterValues::default(), 0)
             .unwrap();

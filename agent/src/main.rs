@@ -12,9 +12,11 @@
 //! * [`index`]: the output directory and `snapshots.jsonl`;
 //! * [`report`]: text and JSON output;
 //! * [`target`], [`caps`]: the traced process and privileges;
+//! * [`check`]: `mt-agent check`, the preflight;
 //! * [`list`]: `mt-agent symbols`.
 
 mod caps;
+mod check;
 mod cli;
 mod conditions;
 mod driver;
@@ -63,7 +65,7 @@ fn main() -> std::process::ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(session::run(cli.run, reporter.clone(), started))),
         Some(Command::Symbols(args)) => list::run(&args),
-        Some(Command::Check(_)) => Err(Failure::usage("check is not implemented yet").into()),
+        Some(Command::Check(args)) => check::run(&args),
     };
     let code = match result {
         Ok(code) => code,

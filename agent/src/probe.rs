@@ -222,9 +222,10 @@ fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &
             && io.raw_os_error().is_some_and(|n| denied.contains(&n))
         {
             return Failure::environment(format!(
-                "{doing}: permission denied; run as root, or with CAP_BPF, CAP_PERFMON, \
-                 CAP_SYS_ADMIN and CAP_SYS_PTRACE (the uprobe PMU needs CAP_SYS_ADMIN since \
-                 the fix for CVE-2025-38466); `mt-agent check` shows what is missing"
+                "{doing}: permission denied; run as root, or with {} (the uprobe PMU needs \
+                 CAP_SYS_ADMIN since the fix for CVE-2025-38466); `mt-agent check` shows what \
+                 is missing",
+                crate::caps::LEAST_SET
             ));
         }
         source = e.source();

@@ -59,6 +59,13 @@ pub struct SnapshotEvent<'a> {
     pub hits: &'a [IndexedHit],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hit_to_kill_ns: Option<u64>,
+    /// Merged hits not listed (beyond 100 per snapshot).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unlisted_hits: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The end of a run.
@@ -171,7 +178,7 @@ impl Reporter {
         match s.kind {
             SnapshotKind::Hit => {
                 let first = &s.hits[0];
-                let merged = s.hits.len() - 1;
+                let merged = s.hits.len() as u64 - 1 + s.unlisted_hits;
                 let merged = if merged > 0 {
                     format!(" (+{merged} merged)")
                 } else {
@@ -195,10 +202,11 @@ impl Reporter {
                 ));
             }
             SnapshotKind::Tail => {
-                let hits = if s.hits.is_empty() {
+                let n = s.hits.len() as u64 + s.unlisted_hits;
+                let hits = if n == 0 {
                     String::new()
                 } else {
-                    format!(", {} late hit(s) merged", s.hits.len())
+                    format!(", {n} late hit(s) merged")
                 };
                 self.print(&format!("tail {}: {} ({size}){hits}", s.n, s.file));
             }

@@ -58,7 +58,7 @@ pub async fn run(
     trigger_config(&filters, false)?;
 
     let pid = args.pid.context("--pid is required")?;
-    caps::check()?;
+    caps::check(Some(pid))?;
     let target = target::check(pid)?;
     let perf_path = perf::find_perf(args.perf.as_deref())?;
     perf::perf_version(&perf_path)?;
@@ -120,6 +120,7 @@ pub async fn run(
     };
     // From the main thread, which lives as long as the agent: perf's
     // PR_SET_PDEATHSIG fires when the spawning thread exits.
+    caps::raise_ambient();
     let perf_spawned = Instant::now();
     let perf = PerfProcess::spawn(&spec)?;
 

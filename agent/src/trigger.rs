@@ -24,6 +24,10 @@ use serde::Serialize;
 /// perf's file names have centisecond resolution.
 pub const MIN_GAP_NS: u64 = 10_000_000;
 
+/// Most hits listed in one snapshot's index line; further merged hits are
+/// only counted (`unlisted_hits`), so a storm cannot grow memory or the index.
+pub const MAX_LISTED_HITS: usize = 100;
+
 /// One accepted hit as the index records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct IndexedHit {
@@ -70,6 +74,8 @@ pub struct Snapshot {
     pub hits: Vec<IndexedHit>,
     /// Time from the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
     pub hit_to_kill_ns: Option<u64>,
+    /// Merged hits beyond [`MAX_LISTED_HITS`]: counted, not listed.
+    pub unlisted_hits: u64,
 }
 
 /// What the I/O layer must do.
@@ -109,9 +115,31 @@ pub struct Stats {
     pub unsnapshotted: u64,
 }
 
+/// Hits bound for one snapshot: the first [`MAX_LISTED_HITS`] listed, the
+/// rest counted.
+#[derive(Debug, Default)]
+struct Hits {
+    listed: Vec<IndexedHit>,
+    unlisted: u64,
+}
+
+impl Hits {
+    fn push(&mut self, hit: IndexedHit) {
+        if self.listed.len() < MAX_LISTED_HITS {
+            self.listed.push(hit);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.listed.len() as u64 + self.unlisted
+    }
+}
+
 #[derive(Debug)]
 struct Pending {
-    hits: Vec<IndexedHit>,
+    hits: Hits,
     fire_at: u64,
     signalled_at: Option<u64>,
 }
@@ -131,7 +159,7 @@ pub struct Trigger {
     policy: Policy,
     pending: Option<Pending>,
     /// Hits that arrived while stopping: they go into the tail.
-    late: Vec<IndexedHit>,
+    late: Hits,
     last_dump_ns: Option<u64>,
     phase: Phase,
     stats: Stats,
@@ -142,7 +170,7 @@ impl Trigger {
         Self {
             policy,
             pending: None,
-            late: Vec::new(),
+            late: Hits::default(),
             last_dump_ns: None,
             phase: Phase::Running,
             stats: Stats::default(),
@@ -183,12 +211,14 @@ impl Trigger {
             return Vec::new();
         }
         hit.merged = false;
+        let mut hits = Hits::default();
+        hits.push(hit);
         let mut fire_at = now + self.policy.after_ns;
         if let Some(last) = self.last_dump_ns {
             fire_at = fire_at.max(last + MIN_GAP_NS);
         }
         self.pending = Some(Pending {
-            hits: vec![hit],
+            hits,
             fire_at,
             signalled_at: None,
         });
@@ -201,14 +231,15 @@ impl Trigger {
         let mut actions = Vec::new();
         match self.pending.take() {
             Some(p) if p.signalled_at.is_some() => {
-                let first_ktime = p.hits.first().map_or(0, |h| h.ktime_ns);
+                let first_ktime = p.hits.listed.first().map_or(0, |h| h.ktime_ns);
                 let hit_to_kill_ns = p.signalled_at.map(|s| s.saturating_sub(first_ktime));
                 self.stats.hit_snapshots += 1;
                 actions.push(Action::Index(Snapshot {
                     kind: SnapshotKind::Hit,
                     file,
-                    hits: p.hits,
+                    hits: p.hits.listed,
                     hit_to_kill_ns,
+                    unlisted_hits: p.hits.unlisted,
                 }));
                 if self.phase == Phase::Running
                     && self
@@ -223,9 +254,10 @@ impl Trigger {
             unsignalled => {
                 // perf closed a file on its own: it is stopping. Hits still
                 // waiting for their signal are in this file, merged into it.
-                let mut hits = Vec::new();
+                let mut hits = Hits::default();
                 if let Some(p) = unsignalled {
-                    for mut h in p.hits {
+                    hits.unlisted = p.hits.unlisted;
+                    for mut h in p.hits.listed {
                         if !h.merged {
                             h.merged = true;
                             self.stats.merged += 1;
@@ -233,14 +265,19 @@ impl Trigger {
                         hits.push(h);
                     }
                 }
-                hits.append(&mut self.late);
-                hits.sort_by_key(|h| h.seq);
+                let late = std::mem::take(&mut self.late);
+                hits.unlisted += late.unlisted;
+                for h in late.listed {
+                    hits.push(h);
+                }
+                hits.listed.sort_by_key(|h| h.seq);
                 self.stats.tail_snapshots += 1;
                 actions.push(Action::Index(Snapshot {
                     kind: SnapshotKind::Tail,
                     file,
-                    hits,
+                    hits: hits.listed,
                     hit_to_kill_ns: None,
+                    unlisted_hits: hits.unlisted,
                 }));
             }
         }
@@ -287,17 +324,16 @@ impl Trigger {
     }
 
     /// perf has exited and every file it left has been passed to
-    /// [`Trigger::on_dump`]. Returns the hits that never got a snapshot.
-    pub fn on_perf_exit(&mut self) -> Vec<IndexedHit> {
-        let mut lost: Vec<IndexedHit> = self.pending.take().map(|p| p.hits).unwrap_or_default();
-        lost.append(&mut self.late);
-        for h in &lost {
-            if h.merged {
-                // It was counted as merged, but the snapshot never came.
-                self.stats.merged -= 1;
-            }
-        }
-        self.stats.unsnapshotted += lost.len() as u64;
+    /// [`Trigger::on_dump`]. Returns how many hits never got a snapshot.
+    pub fn on_perf_exit(&mut self) -> u64 {
+        let pending = self.pending.take().map(|p| p.hits).unwrap_or_default();
+        let late = std::mem::take(&mut self.late);
+        // Everything but the cause of the pending switch was counted as
+        // merged; the snapshot never came, so they are unsnapshotted instead.
+        let merged = pending.len().saturating_sub(1) + late.len();
+        self.stats.merged -= merged;
+        let lost = pending.len() + late.len();
+        self.stats.unsnapshotted += lost;
         lost
     }
 
@@ -462,7 +498,21 @@ mod tests {
         assert_eq!(s[0].hits.len(), 1);
         let st = t.stats();
         assert_eq!((st.merged, st.hit_snapshots, st.tail_snapshots), (1, 0, 1));
-        assert!(t.on_perf_exit().is_empty());
+        assert_eq!(t.on_perf_exit(), 0);
+    }
+
+    #[test]
+    fn a_storm_of_merged_hits_is_counted_not_listed() {
+        let mut t = Trigger::new(Policy::default());
+        for s in 1..=10_000 {
+            t.on_hit(hit(s, s), s);
+        }
+        let a = t.on_dump("f".into(), 20_000);
+        let s = indexed(&a);
+        assert_eq!(s[0].hits.len(), MAX_LISTED_HITS);
+        assert_eq!(s[0].unlisted_hits, 10_000 - MAX_LISTED_HITS as u64);
+        let st = t.stats();
+        assert_eq!(st.delivered, st.hit_snapshots + st.merged);
     }
 
     #[test]
@@ -471,7 +521,7 @@ mod tests {
         t.on_hit(hit(1, 0), 0);
         t.on_hit(hit(2, 0), 0);
         let lost = t.on_perf_exit();
-        assert_eq!(lost.len(), 2);
+        assert_eq!(lost, 2);
         let st = t.stats();
         assert_eq!((st.delivered, st.merged, st.unsnapshotted), (2, 0, 2));
         assert_eq!(

@@ -178,3 +178,90 @@ fn target_exit_ends_the_run_with_a_tail() {
     );
     run.assert_index_consistent();
 }
+
+#[test]
+fn json_events_are_one_object_per_line() {
+    let mut t = Target::start(&target_path("target"), &["calls", "3", "300"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--max-snapshots",
+        "3",
+        "--json",
+    ]);
+    agent.wait_armed();
+    t.go();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let events: Vec<serde_json::Value> = run
+        .stdout
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().expect("event field"))
+        .collect();
+    for k in &kinds {
+        assert!(
+            [
+                "armed",
+                "hit_accepted",
+                "snapshot",
+                "warning",
+                "summary",
+                "error"
+            ]
+            .contains(k),
+            "unknown event {k}"
+        );
+    }
+    assert_eq!(kinds.first(), Some(&"armed"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"summary"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "hit_accepted").count(),
+        3,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "snapshot").count(),
+        4,
+        "{kinds:?}"
+    );
+    let armed = &events[0];
+    for f in [
+        "pid",
+        "perf_pid",
+        "event",
+        "freq",
+        "symbol",
+        "object",
+        "attach_offset",
+        "uprobes",
+        "output",
+        "time_to_armed_ms",
+    ] {
+        assert!(!armed[f].is_null(), "armed lacks {f}: {armed}");
+    }
+    let summary = events.last().unwrap();
+    for f in [
+        "end",
+        "exit_code",
+        "counters",
+        "stats",
+        "perf_cpu_s",
+        "perf_exit",
+        "agent_peak_rss_kib",
+        "duration_s",
+        "output",
+    ] {
+        assert!(!summary[f].is_null(), "summary lacks {f}: {summary}");
+    }
+    let snap = events.iter().find(|e| e["event"] == "snapshot").unwrap();
+    for f in ["n", "kind", "file", "bytes", "hits", "hit_to_kill_ns"] {
+        assert!(!snap[f].is_null(), "snapshot lacks {f}: {snap}");
+    }
+}

@@ -1,0 +1,469 @@
+//! `mt-agent check`: a preflight for fleet operators. Each line says PASS or
+//! FAIL, and how to fix each FAIL. Exit code 0 only when mt-agent can run
+//! here, else 3.
+//!
+//! The checks do the real thing where they can: the eBPF object is loaded
+//! (BPF syscall, ring buffer, verifier), a uprobe is attached to a function
+//! of this very process and hit (uprobe PMU, privileges), and perf is started
+//! and pinged on its control fd.
+
+use std::{
+    fs,
+    hint::black_box,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use agent_common::{CFG_ENABLED, TriggerConfig};
+
+use crate::{
+    caps,
+    cli::CheckArgs,
+    error::ExitCode,
+    perf::{self, PerfProcess, PerfSpec},
+    probe::{AttachPlan, LoadOptions, Probes},
+    symbols::maps,
+    target,
+};
+
+/// One line of the report.
+struct Line {
+    pass: bool,
+    what: &'static str,
+    detail: String,
+    fix: Option<String>,
+}
+
+#[derive(Default)]
+struct Report {
+    lines: Vec<Line>,
+}
+
+impl Report {
+    fn pass(&mut self, what: &'static str, detail: impl Into<String>) {
+        self.lines.push(Line {
+            pass: true,
+            what,
+            detail: detail.into(),
+            fix: None,
+        });
+    }
+
+    fn fail(&mut self, what: &'static str, detail: impl Into<String>, fix: impl Into<String>) {
+        self.lines.push(Line {
+            pass: false,
+            what,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        });
+    }
+}
+
+/// The function the self-test probes and calls.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn mt_agent_selftest(x: u64) -> u64 {
+    black_box(x).wrapping_add(1)
+}
+
+/// Runs every check and prints the report.
+pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let mut r = Report::default();
+    kernel(&mut r);
+    btf(&mut r);
+    privileges(&mut r, args.pid);
+    bpf_and_uprobes(&mut r);
+    perf_checks(&mut r, args.perf.as_deref());
+    pmu(&mut r);
+    paranoid(&mut r);
+    lockdown(&mut r);
+    free_space(&mut r, args.output.as_deref().unwrap_or(Path::new(".")));
+    if let Some(pid) = args.pid {
+        target_check(&mut r, pid);
+    }
+    let mut ok = true;
+    for l in &r.lines {
+        let mark = if l.pass { "PASS" } else { "FAIL" };
+        println!("{mark}  {:<20} {}", l.what, l.detail);
+        if let Some(fix) = &l.fix {
+            println!("      {:<20} fix: {fix}", "");
+            ok = false;
+        }
+    }
+    if ok {
+        println!("mt-agent can run here.");
+        Ok(ExitCode::Ok)
+    } else {
+        println!("mt-agent cannot run here until the FAIL lines are fixed.");
+        Ok(ExitCode::Environment)
+    }
+}
+
+fn kernel(r: &mut Report) {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) >= (5, 15) {
+        r.pass(
+            "kernel",
+            format!("{release} (needs 5.15+: BPF ring buffer, uprobe attach cookies)"),
+        );
+    } else {
+        r.fail(
+            "kernel",
+            format!("{release}"),
+            "mt-agent needs Linux 5.15 or later (attach cookies)",
+        );
+    }
+}
+
+fn btf(r: &mut Report) {
+    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+        r.pass("BTF", "/sys/kernel/btf/vmlinux present");
+    } else {
+        r.fail(
+            "BTF",
+            "/sys/kernel/btf/vmlinux missing",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+        );
+    }
+}
+
+fn privileges(r: &mut Report, pid: Option<i32>) {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let other_user = pid.and_then(caps::owner).is_none_or(|uid| uid != euid);
+    let missing = caps::missing(&caps::has, other_user);
+    let held: Vec<&str> = caps::REQUIREMENTS
+        .iter()
+        .filter(|req| req.caps.iter().any(|c| caps::has(*c)))
+        .map(|req| req.name)
+        .collect();
+    if missing.is_empty() {
+        r.pass(
+            "privileges",
+            if euid == 0 {
+                "root".to_string()
+            } else {
+                format!("uid {euid} with {}", held.join(", "))
+            },
+        );
+    } else {
+        let names: Vec<&str> = missing.iter().map(|m| m.name).collect();
+        let why: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{}: {}", m.name, m.why))
+            .collect();
+        r.fail(
+            "privileges",
+            format!("missing {} ({})", names.join(", "), why.join("; ")),
+            format!(
+                "run as root, or grant {} (systemd: AmbientCapabilities=; setpriv --ambient-caps). \
+                 The uprobe PMU needs CAP_SYS_ADMIN since the fix for CVE-2025-38466",
+                caps::LEAST_SET
+            ),
+        );
+    }
+}
+
+/// Loads the programs, then attaches a uprobe to [`mt_agent_selftest`] in
+/// this process, calls it three times and reads the kernel's hit counter.
+fn bpf_and_uprobes(r: &mut Report) {
+    let pmu = Path::new("/sys/bus/event_source/devices/uprobe/type");
+    if !pmu.exists() {
+        r.fail(
+            "uprobe PMU",
+            "/sys/bus/event_source/devices/uprobe missing",
+            "use a kernel with CONFIG_UPROBE_EVENTS=y",
+        );
+        return;
+    }
+    let mut probes = match Probes::load(LoadOptions {
+        ring_bytes: 4096,
+        verbose: false,
+    }) {
+        Ok(p) => {
+            r.pass(
+                "BPF",
+                "programs and maps (ring buffer, per-CPU array, LRU hash) load and verify",
+            );
+            p
+        }
+        Err(f) => {
+            r.fail("BPF", f.message, "run as root or grant the capabilities above; check kernel.unprivileged_bpf_disabled is not the cause");
+            return;
+        }
+    };
+    let me = std::process::id() as i32;
+    let addr = mt_agent_selftest as *const () as u64;
+    let offset = maps::read_objects(me).ok().and_then(|objs| {
+        objs.iter()
+            .flat_map(|o| o.mappings.iter())
+            .find(|m| addr >= m.start && addr < m.end)
+            .map(|m| addr - m.start + m.offset)
+    });
+    let Some(offset) = offset else {
+        r.fail(
+            "uprobe PMU",
+            "cannot find this binary's own code in /proc/self/maps",
+            "report a bug",
+        );
+        return;
+    };
+    let cfg = TriggerConfig {
+        flags: CFG_ENABLED,
+        ..TriggerConfig::default()
+    };
+    if let Err(e) = probes.configure(0, &cfg) {
+        r.fail("uprobe PMU", format!("{e:#}"), "report a bug");
+        return;
+    }
+    let plan = AttachPlan {
+        trigger: 0,
+        path: PathBuf::from("/proc/self/exe"),
+        pid: Some(me),
+        entry_offset: offset,
+        returns: None,
+    };
+    if let Err(f) = probes.attach(&plan) {
+        r.fail(
+            "uprobe PMU",
+            f.message,
+            format!("run as root or grant {}", caps::LEAST_SET),
+        );
+        return;
+    }
+    for i in 0..3 {
+        black_box(mt_agent_selftest(black_box(i)));
+    }
+    probes.detach_all();
+    let seen = probes.take_counters().map(|c| c.read(0).seen).unwrap_or(0);
+    if seen == 3 {
+        r.pass(
+            "uprobe PMU",
+            "a uprobe on this process fired 3 times out of 3 calls",
+        );
+    } else {
+        r.fail(
+            "uprobe PMU",
+            format!("a uprobe on this process fired {seen} times out of 3 calls"),
+            "check the kernel's uprobe support",
+        );
+    }
+}
+
+fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
+    let path = match perf::find_perf(explicit) {
+        Ok(p) => p,
+        Err(f) => {
+            r.fail(
+                "perf",
+                f.message,
+                "install perf (Debian: apt install linux-perf) or pass --perf PATH",
+            );
+            return;
+        }
+    };
+    let version = match perf::perf_version(&path) {
+        Ok(v) => v,
+        Err(f) => {
+            r.fail(
+                "perf",
+                f.message,
+                "install perf (Debian: apt install linux-perf) or pass --perf PATH",
+            );
+            return;
+        }
+    };
+    let help = std::process::Command::new(&path)
+        .args(["record", "-h"])
+        .output()
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default();
+    let missing: Vec<&str> = ["--switch-output", "--control"]
+        .into_iter()
+        .filter(|o| !help.contains(o))
+        .collect();
+    if !missing.is_empty() {
+        r.fail(
+            "perf",
+            format!(
+                "{} ({version}) lacks {}",
+                path.display(),
+                missing.join(", ")
+            ),
+            "install perf 5.12 or later",
+        );
+        return;
+    }
+    // The real handshake: record this process, ping, stop.
+    let tmp = std::env::temp_dir().join(format!("mt-agent-check-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    if let Err(e) = fs::create_dir(&tmp) {
+        r.fail(
+            "perf",
+            format!("cannot create {}: {e}", tmp.display()),
+            "make the temporary directory writable",
+        );
+        return;
+    }
+    let spec = PerfSpec {
+        perf: path.clone(),
+        pid: std::process::id() as i32,
+        output: tmp.join("perf.data"),
+        event: perf::default_event().to_string(),
+        freq: 99,
+        keep: None,
+        extra: Vec::new(),
+    };
+    let result = ping_perf(&spec);
+    let _ = fs::remove_dir_all(&tmp);
+    match result {
+        Ok(ms) => r.pass(
+            "perf",
+            format!(
+                "{} ({version}): --switch-output, --control and ping work (ready in {ms} ms)",
+                path.display()
+            ),
+        ),
+        Err(e) => r.fail(
+            "perf",
+            format!("{} ({version}): {e}", path.display()),
+            "check that perf record works as this user",
+        ),
+    }
+}
+
+fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
+    caps::raise_ambient();
+    let started = Instant::now();
+    let mut p = PerfProcess::spawn(spec).map_err(|e| format!("{e:#}"))?;
+    let _ = p.ping();
+    let deadline = started + Duration::from_secs(15);
+    loop {
+        if p.read_acks().unwrap_or(0) > 0 {
+            break;
+        }
+        if let Ok(Some(status)) = p.try_wait() {
+            let _ = p.read_stderr();
+            return Err(format!(
+                "perf exited before answering ping ({}): {}",
+                perf::describe_status(status),
+                p.last_lines().join(" | ")
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err("perf did not answer `ping` on its control fd within 15 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ms = started.elapsed().as_millis();
+    let _ = p.stop();
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && matches!(p.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(ms)
+}
+
+fn pmu(r: &mut Report) {
+    if perf::has_hardware_pmu() {
+        r.pass("hardware PMU", "present: the default event is cycles");
+    } else {
+        r.pass(
+            "hardware PMU",
+            "none (a VM?): the default event is cpu-clock",
+        );
+    }
+    if Path::new("/sys/bus/event_source/devices/intel_pt").exists() {
+        r.pass("Intel PT", "available (not needed by mt-agent)");
+    } else {
+        r.pass("Intel PT", "not available (not needed by mt-agent)");
+    }
+}
+
+fn paranoid(r: &mut Report) {
+    let v = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+    let v = v.trim();
+    r.pass(
+        "perf_event_paranoid",
+        format!("{v} (does not matter with the privileges above: CAP_PERFMON or CAP_SYS_ADMIN override it)"),
+    );
+}
+
+fn lockdown(r: &mut Report) {
+    let text = fs::read_to_string("/sys/kernel/security/lockdown").unwrap_or_default();
+    let mode = text
+        .split_whitespace()
+        .find(|w| w.starts_with('['))
+        .map(|w| w.trim_matches(|c| c == '[' || c == ']').to_string())
+        .unwrap_or_else(|| "none".into());
+    if mode == "confidentiality" {
+        r.fail(
+            "lockdown",
+            "confidentiality: BPF and perf may not read memory",
+            "boot with lockdown=integrity or none (lockdown= on the kernel command line)",
+        );
+    } else {
+        r.pass("lockdown", format!("{mode}"));
+    }
+}
+
+fn free_space(r: &mut Report, dir: &Path) {
+    const NEED: u64 = 64 << 20;
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(s) => {
+            let free = s.blocks_available() * s.fragment_size();
+            let mib = free >> 20;
+            if free >= NEED {
+                r.pass("free space", format!("{mib} MiB free in {}", dir.display()));
+            } else {
+                r.fail(
+                    "free space",
+                    format!("{mib} MiB free in {}", dir.display()),
+                    "free space or choose another --output; snapshots take ~50 KiB to MiBs each",
+                );
+            }
+        }
+        Err(e) => r.fail(
+            "free space",
+            format!("{}: {e}", dir.display()),
+            "give an existing directory with --output",
+        ),
+    }
+}
+
+fn target_check(r: &mut Report, pid: i32) {
+    match target::check(pid) {
+        Ok(t) => match maps::read_objects(pid) {
+            Ok(objs) => r.pass(
+                "target",
+                format!(
+                    "pid {pid} ({}) maps {} objects; main executable {}",
+                    t.comm,
+                    objs.len(),
+                    t.exe.display()
+                ),
+            ),
+            Err(e) => r.fail(
+                "target",
+                format!("cannot read /proc/{pid}/maps: {e}"),
+                format!("grant {}", caps::LEAST_SET),
+            ),
+        },
+        Err(f) => r.fail(
+            "target",
+            f.message,
+            "give the pid of a running user process",
+        ),
+    }
+}

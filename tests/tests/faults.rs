@@ -1,0 +1,500 @@
+//! The fault matrix: whatever happens, the agent exits with its documented
+//! code and one line, the index is valid and lists every completed snapshot,
+//! no perf process or program of ours is left, and the target lives on
+//! (unless the case kills it). Privileged.
+//!
+//! Each case prints `FAULT <case>: exit <code> in <ms> ms` (the time from the
+//! fault to the agent's exit); run with `--nocapture` to see them.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use mt_agent_tests::*;
+
+fn report(case: &str, run: &Run, since: Instant) {
+    eprintln!(
+        "FAULT {case}: exit {:?} in {} ms",
+        run.code,
+        since.elapsed().as_millis()
+    );
+}
+
+fn error_line(run: &Run) -> String {
+    let errors: Vec<&String> = run
+        .stderr
+        .iter()
+        .filter(|l| l.starts_with("mt-agent: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "expected one error line\n{}", run.output());
+    errors[0].clone()
+}
+
+fn alive(pid: i32) -> bool {
+    status_field(pid, "State").is_some_and(|s| !s.starts_with('Z'))
+}
+
+/// Starts a target and an armed agent on it; the target has had its go.
+fn armed(target_args: &[&str], agent_args: &[&str]) -> (Target, Agent) {
+    let mut t = Target::start(&target_path("target"), target_args);
+    let pid = t.pid().to_string();
+    let mut args = vec!["--pid", pid.as_str()];
+    args.extend_from_slice(agent_args);
+    let mut agent = Agent::start(&args);
+    agent.wait_armed();
+    t.go();
+    (t, agent)
+}
+
+fn wait_snapshots(agent: &mut Agent, n: usize) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while read_index(&agent.out.join("snapshots.jsonl")).len() < n {
+        assert!(
+            Instant::now() < end,
+            "no {n} snapshots: {:?}",
+            agent.proc.stdout()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn f01_perf_killed_mid_run() {
+    let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+    wait_snapshots(&mut agent, 2);
+    let perf = agent.perf_pid.expect("perf pid");
+    let at = Instant::now();
+    // SAFETY: plain kill(2) of the perf the agent started.
+    unsafe { libc::kill(perf, libc::SIGKILL) };
+    let run = agent.finish(FINISH);
+    report("1 perf SIGKILL", &run, at);
+    assert_eq!(run.code, Some(4), "{}", run.output());
+    assert!(
+        error_line(&run).contains("perf ended unexpectedly (signal 9"),
+        "{}",
+        run.output()
+    );
+    assert!(run.entries("hit").len() >= 2);
+    run.assert_index_consistent();
+    assert!(alive(t.pid()));
+}
+
+#[test]
+fn f02_perf_rejects_a_bad_event() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let at = Instant::now();
+    let run = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--event",
+        "no-such-event",
+    ])
+    .finish(FINISH);
+    report("2 perf bad --event", &run, at);
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(
+        error_line(&run).contains("perf rejected its arguments"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        run.stderr
+            .iter()
+            .any(|l| l.contains("perf: ") && l.contains("no-such-event")),
+        "{}",
+        run.output()
+    );
+    assert!(
+        !run.out.exists(),
+        "an unused output directory was left\n{}",
+        run.output()
+    );
+    assert!(alive(t.pid()));
+}
+
+#[test]
+fn f03_target_exits_normally() {
+    let (mut t, agent) = armed(&["calls", "3", "200"], &["--symbol", "trigger"]);
+    t.wait(Duration::from_secs(10));
+    let at = Instant::now();
+    let run = agent.finish(FINISH);
+    report("3 target exits", &run, at);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!(run.index.last().unwrap()["kind"], "tail");
+    run.assert_index_consistent();
+}
+
+#[test]
+fn f04_target_killed() {
+    let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+    wait_snapshots(&mut agent, 2);
+    let at = Instant::now();
+    t.proc.signal(libc::SIGKILL);
+    let run = agent.finish(FINISH);
+    report("4 target SIGKILL", &run, at);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        run.stdout.iter().any(|l| l.contains("the target exited")),
+        "{}",
+        run.output()
+    );
+    run.assert_index_consistent();
+}
+
+#[test]
+fn f05_signals_are_clean_ends() {
+    for (sig, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGHUP, "SIGHUP"),
+    ] {
+        let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+        wait_snapshots(&mut agent, 1);
+        let at = Instant::now();
+        agent.proc.signal(sig);
+        let run = agent.finish(FINISH);
+        report(&format!("5 agent {name}"), &run, at);
+        assert_eq!(run.code, Some(0), "{name}\n{}", run.output());
+        assert!(
+            run.stdout
+                .iter()
+                .any(|l| l.contains(&format!("{name} received"))),
+            "{}",
+            run.output()
+        );
+        assert_eq!(run.index.last().unwrap()["kind"], "tail");
+        run.assert_index_consistent();
+        assert!(alive(t.pid()));
+    }
+}
+
+#[test]
+fn f06_agent_killed() {
+    let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+    wait_snapshots(&mut agent, 2);
+    let perf = agent.perf_pid.expect("perf pid");
+    let at = Instant::now();
+    agent.proc.signal(libc::SIGKILL);
+    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
+    assert_eq!(status.code(), None);
+    // The kernel drops the probe with our fds: unloaded within 1 s.
+    assert_no_programs_loaded("after SIGKILL of the agent");
+    let unloaded = at.elapsed();
+    // perf got its death signal (SIGTERM) and finishes its last file.
+    let end = Instant::now() + Duration::from_secs(10);
+    while alive(perf) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!alive(perf), "perf {perf} lives on after the agent died");
+    eprintln!(
+        "FAULT 6 agent SIGKILL: programs gone in {} ms, perf gone in {} ms",
+        unloaded.as_millis(),
+        at.elapsed().as_millis()
+    );
+    // Everything listed exists; at most the last file and perf.data are unlisted.
+    let index = read_index(&agent.out.join("snapshots.jsonl"));
+    let listed: Vec<String> = index
+        .iter()
+        .map(|v| v["file"].as_str().unwrap().to_string())
+        .collect();
+    for f in &listed {
+        assert!(agent.out.join(f).is_file(), "{f} listed but missing");
+    }
+    let unlisted: Vec<String> = perf_files(&agent.out)
+        .into_iter()
+        .filter(|f| !listed.contains(f))
+        .collect();
+    assert!(unlisted.len() <= 1, "unlisted: {unlisted:?}");
+    assert!(alive(t.pid()));
+    // The next run in the same output directory is refused.
+    let out = agent.out.display().to_string();
+    let pid = t.pid().to_string();
+    let again =
+        Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &out]).finish(FINISH);
+    assert_eq!(again.code, Some(2), "{}", again.output());
+    assert!(error_line(&again).contains("not empty"));
+}
+
+/// A small tmpfs, unmounted on drop.
+struct Tmpfs(TempDir);
+
+impl Tmpfs {
+    fn new(opts: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "mt-agent-test"])
+            .arg(dir.path())
+            .status()
+            .expect("mount")
+            .success();
+        assert!(ok, "mount -t tmpfs -o {opts} failed");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn f07_disk_full() {
+    let fs_ = Tmpfs::new("size=1m");
+    let out = fs_.0.path().join("out").display().to_string();
+    let mut t = Target::start(&target_path("target"), &["storm", "30"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--cooldown",
+        "10ms",
+        "-F",
+        "4999",
+        "--output",
+        &out,
+    ]);
+    agent.wait_armed();
+    let at = Instant::now();
+    t.go();
+    let run = agent.finish(FINISH);
+    report("7 disk full", &run, at);
+    assert_eq!(run.code, Some(4), "{}", run.output());
+    assert!(
+        error_line(&run).contains("file system is full"),
+        "{}",
+        run.output()
+    );
+    let index = read_index(&fs_.0.path().join("out/snapshots.jsonl"));
+    assert!(
+        !index.is_empty(),
+        "snapshots completed before the disk filled are kept"
+    );
+    for v in &index {
+        assert!(
+            fs_.0
+                .path()
+                .join("out")
+                .join(v["file"].as_str().unwrap())
+                .is_file()
+        );
+    }
+    assert!(alive(t.pid()));
+}
+
+#[test]
+fn f08_read_only_output_and_planted_symlinks() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let ro = Tmpfs::new("ro,size=1m");
+    let out = ro.0.path().join("out").display().to_string();
+    let at = Instant::now();
+    let run =
+        Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &out]).finish(FINISH);
+    report("8 read-only output", &run, at);
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(error_line(&run).contains("cannot create output directory"));
+
+    // A symlink planted where the index goes is never followed.
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    fs::write(&victim, "precious").unwrap();
+    let out = dir.path().join("out");
+    fs::create_dir(&out).unwrap();
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&victim, out.join("snapshots.jsonl")).unwrap();
+    let o = out.display().to_string();
+    let run = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &o]).finish(FINISH);
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(alive(t.pid()));
+}
+
+#[test]
+fn f09_two_agents_on_one_target() {
+    let mut t = Target::start(&target_path("target"), &["calls", "5", "300"]);
+    let pid = t.pid().to_string();
+    let mut a = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    let mut b = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    a.wait_armed();
+    b.wait_armed();
+    assert_ne!(a.perf_pid, b.perf_pid, "each agent has its own perf");
+    t.go();
+    t.wait(Duration::from_secs(20));
+    let ra = a.finish_checked(FINISH, false);
+    let rb = b.finish(FINISH);
+    for run in [&ra, &rb] {
+        assert_eq!(run.code, Some(0), "{}", run.output());
+        assert_eq!(run.entries("hit").len(), 5, "{}", run.output());
+        run.assert_index_consistent();
+    }
+    eprintln!("FAULT 9 two agents: both exit 0 with 5 hit snapshots each");
+}
+
+#[test]
+fn f10_ring_buffer_overflow_is_counted_exactly() {
+    let (mut t, agent) = armed(
+        &["storm", "2"],
+        &[
+            "--symbol",
+            "trigger",
+            "--cooldown",
+            "0",
+            "--ring-bytes",
+            "4096",
+            "--debug-reader-delay",
+            "1s",
+            "--json",
+        ],
+    );
+    t.wait(Duration::from_secs(30));
+    let at = Instant::now();
+    let run = agent.finish(FINISH);
+    report("10 ring-buffer overflow", &run, at);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().unwrap();
+    let c = &s["counters"];
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    let dropped: u64 = c["dropped"].as_object().unwrap().values().map(n).sum();
+    assert!(n(&c["lost"]) > 0, "no records were lost: {s}");
+    assert_eq!(n(&c["seen"]), dropped + n(&c["accepted"]), "{s}");
+    assert_eq!(
+        n(&c["accepted"]),
+        n(&s["stats"]["delivered"]) + n(&c["lost"]),
+        "{s}"
+    );
+    eprintln!(
+        "FAULT 10 counts: seen {} accepted {} delivered {} lost {}",
+        c["seen"], c["accepted"], s["stats"]["delivered"], c["lost"]
+    );
+    run.assert_index_consistent();
+}
+
+#[test]
+fn f11_thread_churn_does_not_hang() {
+    let (mut t, agent) = armed(&["churn", "1000"], &["--symbol", "trigger", "--json"]);
+    let at = Instant::now();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    report("11 thread churn", &run, at);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().unwrap();
+    let cpu = s["perf_cpu_s"]
+        .as_f64()
+        .expect("the summary shows perf's CPU time");
+    let spin_warning = run
+        .stdout
+        .iter()
+        .any(|l| l.contains("\"warning\"") && l.contains("of a core"));
+    eprintln!(
+        "FAULT 11 churn: perf used {cpu:.2} s CPU over {:.1} s; spin warning: {spin_warning}",
+        s["duration_s"]
+    );
+    run.assert_index_consistent();
+}
+
+#[test]
+fn f12_pids_that_are_not_targets() {
+    preflight();
+    // A kernel thread.
+    let run = Agent::start(&["--pid", "2", "--symbol", "trigger"]).finish(FINISH);
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(error_line(&run).contains("kernel thread"));
+    // A zombie: a child we do not reap.
+    let child = Command::new("true").spawn().unwrap();
+    let zpid = child.id() as i32;
+    let end = Instant::now() + Duration::from_secs(5);
+    while !status_field(zpid, "State").is_some_and(|s| s.starts_with('Z')) {
+        assert!(Instant::now() < end, "no zombie");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let z = zpid.to_string();
+    let run = Agent::start(&["--pid", &z, "--symbol", "trigger"]).finish(FINISH);
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(error_line(&run).contains("zombie"), "{}", run.output());
+    drop(child);
+    // The agent's own pid: `exec` keeps the shell's pid.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(format!(
+        "exec {} --pid $$ --symbol trigger --output {}/out",
+        agent_bin().display(),
+        tmp.path().display()
+    ));
+    let mut p = Proc::spawn(cmd);
+    let status = p.wait(Duration::from_secs(10)).unwrap();
+    assert_eq!(status.code(), Some(2), "{:?}", p.stderr());
+    assert!(
+        p.stderr().iter().any(|l| l.contains("own pid")),
+        "{:?}",
+        p.stderr()
+    );
+    eprintln!("FAULT 12 kernel thread / zombie / own pid: exit 2 each");
+}
+
+#[test]
+fn f13_least_privilege_capture_as_nobody() {
+    // The copied binary, run as `nobody` with exactly CAP_SYS_ADMIN and
+    // CAP_SYS_PTRACE (ambient, so perf gets them too), on a root process.
+    let mut t = Target::start(&target_path("target"), &["calls", "3", "300"]);
+    let pid = t.pid().to_string();
+    let bin_dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = bin_dir.path().join("mt-agent");
+    fs::copy(agent_bin(), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    fs::set_permissions(work.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let out = work.path().join("out");
+    let caps = "-all,+sys_admin,+sys_ptrace";
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!(
+            "--ambient-caps={}",
+            caps.trim_start_matches("-all,")
+        ))
+        .arg("--")
+        .arg(&bin)
+        .args([
+            "--pid",
+            &pid,
+            "--symbol",
+            "trigger",
+            "--max-snapshots",
+            "3",
+            "--json",
+            "--output",
+        ])
+        .arg(&out);
+    let mut p = Proc::spawn(cmd);
+    assert!(
+        p.wait_line(Duration::from_secs(30), |l| l
+            .contains("\"event\":\"armed\""))
+            .is_some(),
+        "not armed as nobody: {:?}",
+        p.stderr()
+    );
+    t.go();
+    let status = p.wait(FINISH).expect("agent exits");
+    assert_eq!(status.code(), Some(0), "{:?}\n{:?}", p.stdout(), p.stderr());
+    let index = read_index(&out.join("snapshots.jsonl"));
+    assert_eq!(
+        index.iter().filter(|v| v["kind"] == "hit").count(),
+        3,
+        "{index:?}"
+    );
+    // Files belong to nobody and are private.
+    let meta = fs::metadata(out.join(index[0]["file"].as_str().unwrap())).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_no_programs_loaded("after the nobody run");
+    assert_no_perf_for(&out, "after the nobody run");
+}
