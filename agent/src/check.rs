@@ -114,7 +114,7 @@ fn kernel(r: &mut Report) {
     } else {
         r.fail(
             "kernel",
-            format!("{release}"),
+            release.to_string(),
             "mt-agent needs Linux 5.15 or later (attach cookies)",
         );
     }
@@ -414,7 +414,7 @@ fn lockdown(r: &mut Report) {
             "boot with lockdown=integrity or none (lockdown= on the kernel command line)",
         );
     } else {
-        r.pass("lockdown", format!("{mode}"));
+        r.pass("lockdown", mode);
     }
 }
 
