@@ -166,8 +166,32 @@ pub struct TriggerConfig {
     pub cooldown_ns: u64,
 }
 
-/// Mutable per-trigger state, kept by the eBPF program in `STATE[cookie]` and
-/// updated with atomic operations (BPF CPU v3), so it is exact across CPUs.
+/// Key of the `STATE` map: filter state is kept per trigger and per process,
+/// so that with `--exe` each process has its own cooldown, rate and count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StateKey {
+    pub trigger: u32,
+    pub tgid: u32,
+}
+
+/// Most (trigger, process) pairs with filter state; the least recently used
+/// is forgotten beyond this.
+pub const MAX_STATES: u32 = 16384;
+
+/// A record of the `EXECS` ring buffer: a process that called execve (from
+/// the `sched_process_exec` tracepoint). Userspace decides whether its new
+/// executable is one to trace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exec {
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// Mutable filter state of one trigger in one process, kept by the eBPF
+/// program in `STATE` and updated with atomic operations (BPF CPU v3), so it
+/// is exact across CPUs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TriggerState {
@@ -256,6 +280,8 @@ mod pod {
     unsafe impl aya::Pod for Hit {}
     unsafe impl aya::Pod for TriggerConfig {}
     unsafe impl aya::Pod for TriggerState {}
+    unsafe impl aya::Pod for StateKey {}
+    unsafe impl aya::Pod for Exec {}
     unsafe impl aya::Pod for FrameKey {}
     unsafe impl aya::Pod for FrameStack {}
 }

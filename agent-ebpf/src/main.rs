@@ -30,20 +30,20 @@ mod prog {
     };
 
     use agent_common::{
-        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, Counter, DEFAULT_RING_BYTES, Frame, FrameKey,
-        FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_TIDS, MAX_TRIGGERS, NARGS,
-        NCOUNTERS, TriggerConfig, TriggerState,
+        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, Counter, DEFAULT_RING_BYTES, Exec, Frame, FrameKey,
+        FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_STATES, MAX_TIDS, MAX_TRIGGERS,
+        NARGS, NCOUNTERS, StateKey, TriggerConfig, TriggerState,
     };
     use aya_ebpf::{
         EbpfContext,
-        bindings::pt_regs,
+        bindings::{BPF_NOEXIST, pt_regs},
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
             bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
-        macros::{map, uprobe, uretprobe},
+        macros::{map, tracepoint, uprobe, uretprobe},
         maps::{Array, LruHashMap, PerCpuArray, RingBuf},
-        programs::{ProbeContext, RetProbeContext},
+        programs::{ProbeContext, RetProbeContext, TracePointContext},
     };
     use aya_log_ebpf::{debug, warn};
 
@@ -51,9 +51,14 @@ mod prog {
     #[map]
     static CONFIG: Array<TriggerConfig> = Array::with_max_entries(MAX_TRIGGERS, 0);
 
-    /// Mutable filter state per trigger (`--every`, `--max-rate`, cooldown).
+    /// Mutable filter state per trigger and process (`--every`, `--max-rate`,
+    /// cooldown).
     #[map]
-    static STATE: Array<TriggerState> = Array::with_max_entries(MAX_TRIGGERS, 0);
+    static STATE: LruHashMap<StateKey, TriggerState> = LruHashMap::with_max_entries(MAX_STATES, 0);
+
+    /// Processes that exec'd, for `--exe` (read by the agent).
+    #[map]
+    static EXECS: RingBuf = RingBuf::with_byte_size(16 * 1024, 0);
 
     /// `Counter` slots, `NCOUNTERS` per trigger, per CPU.
     #[map]
@@ -131,6 +136,15 @@ mod prog {
     #[inline(always)]
     unsafe fn compare_exchange(slot: *mut u64, old: u64, new: u64) -> bool {
         unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(slot, old, new) }.1
+    }
+
+    /// `sched_process_exec`: forward the pid; userspace compares its new
+    /// executable with the `--exe` paths. Attached only in `--exe` mode.
+    #[tracepoint]
+    pub fn mt_exec(_ctx: TracePointContext) -> u32 {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = EXECS.output::<Exec>(Exec { tgid, _pad: 0 }, 0);
+        0
     }
 
     #[inline(always)]
@@ -257,8 +271,21 @@ mod prog {
     /// cooldown, then the ring buffer.
     #[inline(always)]
     fn accept<C: EbpfContext>(ctx: &C, trigger: u32, cfg: &TriggerConfig, hit: &Hit) {
-        let Some(state) = STATE.get_ptr_mut(trigger) else {
-            return;
+        let key = StateKey {
+            trigger,
+            tgid: hit.tgid,
+        };
+        let state = match STATE.get_ptr_mut(&key) {
+            Some(s) => s,
+            None => {
+                // Two CPUs may race to create it: NOEXIST lets one win, and
+                // both then use the same slot.
+                let _ = STATE.insert(&key, &TriggerState::default(), BPF_NOEXIST as u64);
+                match STATE.get_ptr_mut(&key) {
+                    Some(s) => s,
+                    None => return,
+                }
+            }
         };
         let now = hit.ktime_ns;
         if cfg.every > 1 {

@@ -72,10 +72,26 @@ pub enum Command {
 
 /// Options of a capture run (the default command).
 #[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["pid", "exe", "config"]))]
 pub struct RunArgs {
     /// Process to trace (its thread-group id).
-    #[arg(long, short = 'p', value_name = "PID", required = true)]
+    #[arg(long, short = 'p', value_name = "PID")]
     pub pid: Option<i32>,
+
+    /// Trace every process, running now or started later, whose executable
+    /// is PATH: one perf per process, in OUT/<pid>/.
+    #[arg(long, value_name = "PATH", conflicts_with = "pid")]
+    pub exe: Option<PathBuf>,
+
+    /// With --exe: at most N processes recorded at once; more are counted
+    /// and reported.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_targets: u64,
+
+    /// Several triggers from a TOML file (see the README); what the systemd
+    /// unit runs.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "exe", "symbol"])]
+    pub config: Option<PathBuf>,
 
     /// Trigger function: a plain, mangled or demangled name
     /// (`handle`, `ns::Worker::handle(int)`, `my_crate::server::handle`).
@@ -83,7 +99,7 @@ pub struct RunArgs {
         long,
         short = 's',
         value_name = "NAME",
-        required_unless_present = "address"
+        required_unless_present_any = ["address", "config"]
     )]
     pub symbol: Option<String>,
 
@@ -154,7 +170,7 @@ pub struct RunArgs {
     pub duration: Option<Duration>,
 
     /// Output directory. Created; must not exist or be empty.
-    /// [default: ./mt-agent-<pid>-<local time>]
+    /// [default: ./mt-agent-<pid or exe name>-<local time>]
     #[arg(long, short = 'o', value_name = "DIR")]
     pub output: Option<PathBuf>,
 
@@ -417,6 +433,11 @@ mod tests {
     #[test]
     fn run_requires_pid_and_symbol_but_subcommands_do_not() {
         assert!(Cli::try_parse_from(["mt-agent", "--pid", "1"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--symbol", "f"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--exe", "/bin/x", "--symbol", "f"]).is_ok());
+        assert!(Cli::try_parse_from(["mt-agent", "--config", "x.toml"]).is_ok());
+        assert!(Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--pid", "1"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--exe", "/x", "--pid", "1", "-s", "f"]).is_err());
         assert!(Cli::try_parse_from(["mt-agent", "--pid", "1", "--symbol", "f"]).is_ok());
         assert!(Cli::try_parse_from(["mt-agent", "check"]).is_ok());
         let cli = Cli::try_parse_from([

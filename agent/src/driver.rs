@@ -1,48 +1,54 @@
 //! The driver thread: the data path of a run.
 //!
-//! One thread owns the probes, the ring buffer, perf's pipes, the trigger
-//! state machine and the index, and waits in `epoll` on all of them. A hit
-//! goes from the ring buffer to `kill(perf, SIGUSR2)` on this thread with no
-//! hop to another thread. The main thread (tokio) handles the lifecycle:
-//! signals, `--duration`, exec detection; it talks to the driver through
-//! [`Command`]s and hears back through [`Event`]s.
+//! One thread owns the probes, the ring buffers, the perf recorders and
+//! their indexes, and waits in `epoll` on all of them. A hit goes from the
+//! ring buffer to `kill(perf, SIGUSR2)` on this thread with no hop to another
+//! thread. The main thread (tokio) handles signals and `--duration`; it talks
+//! to the driver through [`Command`]s and hears back through [`Event`]s.
 //!
-//! Order of a run: wait for perf's first `ping` ack, attach the probes, print
-//! `armed`, then loop. At the end: detach the probes, let perf finish (stop it
-//! if needed, then SIGTERM after 10 s and SIGKILL after 10 s more), drain the
-//! ring buffer, index every file perf left, read the final counters.
+//! Triggers come in two kinds:
+//! * a `--pid` trigger has one recorder; its uprobes are attached (scoped to
+//!   that process) once perf is ready, and `armed` is printed then;
+//! * an `--exe` trigger's uprobes are attached at once, for every process;
+//!   a recorder is started for each process running the executable: those
+//!   found at the start, those the `sched_process_exec` tracepoint reports,
+//!   and any other process whose hit comes first (a fork without exec), up to
+//!   `--max-targets` at once.
+//!
+//! Hits from processes without a recorder are counted as unrecorded.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     fs,
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd},
     path::PathBuf,
     sync::{Arc, mpsc},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use agent_common::Hit;
+use agent_common::{Exec, HIT_AT_RETURN, Hit};
 use aya::maps::{MapData, RingBuf};
 use nix::{
     sys::{
         epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout},
         eventfd::{EfdFlags, EventFd},
-        signal::Signal,
         time::TimeSpec,
     },
     time::{ClockId, clock_gettime},
 };
+use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
+    caps,
     error::Failure,
-    index::Index,
-    perf::{self, PerfLine, PerfProcess, SpinDetector},
+    perf::PerfSpec,
     probe::{AttachPlan, CounterValues, Counters, Probes},
-    report::{Armed, Reporter, SnapshotEvent},
+    recorder::{self, EndReason, Recorder, RecorderOutcome},
+    report::{Armed, Reporter},
     target,
-    trigger::{Action, IndexedHit, Policy, Stats, Trigger},
+    trigger::{IndexedHit, Policy, Stats},
 };
 
 /// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns`.
@@ -51,41 +57,29 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-/// Why a run ended.
+/// What a trigger watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EndReason {
-    /// `--max-snapshots` reached.
-    MaxSnapshots,
-    /// `--duration` passed.
-    Duration,
-    /// SIGINT, SIGTERM or SIGHUP.
-    Signal(&'static str),
-    /// The target exited.
-    TargetExited,
-    /// The target exec'd a new image; the probe no longer fires.
-    Exec,
-    /// perf ended on its own (a failure).
-    PerfEnded,
-    /// The output file system is full (a failure).
-    DiskFull,
-    /// Some other failure.
-    Failed,
+pub enum Watch {
+    /// One process.
+    Pid(i32),
+    /// Every process whose executable is this file, identified by
+    /// (device, inode).
+    Exe { path: PathBuf, id: (u64, u64) },
 }
 
-impl EndReason {
-    /// Text for the summary.
-    pub fn describe(&self) -> String {
-        match self {
-            EndReason::MaxSnapshots => "--max-snapshots reached".into(),
-            EndReason::Duration => "--duration passed".into(),
-            EndReason::Signal(s) => format!("{s} received"),
-            EndReason::TargetExited => "the target exited".into(),
-            EndReason::Exec => "the target exec'd a new image".into(),
-            EndReason::PerfEnded => "perf ended unexpectedly".into(),
-            EndReason::DiskFull => "the output file system is full".into(),
-            EndReason::Failed => "a failure".into(),
-        }
-    }
+/// One trigger, resolved and ready to attach.
+pub struct TriggerSetup {
+    /// Index: the attach cookie.
+    pub index: u32,
+    pub watch: Watch,
+    /// Attach point; for `--pid`, scoped to the process.
+    pub plan: AttachPlan,
+    pub policy: Policy,
+    /// Output: the recorder's directory for `--pid`, the parent of the
+    /// per-process directories for `--exe`.
+    pub out: PathBuf,
+    /// For the `armed` event.
+    pub armed: Armed,
 }
 
 /// From the main thread to the driver.
@@ -98,7 +92,7 @@ pub enum Command {
 /// From the driver to the main thread.
 #[derive(Debug)]
 pub enum Event {
-    /// perf is ready and the probes are attached.
+    /// A trigger is armed (the first one starts `--duration`).
     Armed,
     /// The run is over.
     Finished(Box<Outcome>),
@@ -110,27 +104,44 @@ pub struct Outcome {
     pub reason: EndReason,
     /// Set when the run failed (exit code 3 or 4).
     pub failure: Option<Failure>,
-    pub stats: Stats,
+    /// Kernel counters, summed over triggers.
     pub counters: CounterValues,
+    /// State-machine counts, summed over recorders.
+    pub stats: Stats,
     pub open_calls: u64,
+    /// perf's end and CPU time: of the single recorder, or summed.
     pub perf_exit: Option<String>,
     pub perf_cpu: Option<Duration>,
+    pub recorders: Vec<RecorderSummary>,
+    /// Hits from processes that had no recorder.
+    pub unrecorded_hits: u64,
+    /// Matching processes beyond `--max-targets`.
+    pub extra_processes: u64,
+}
+
+/// One recorder in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecorderSummary {
+    pub trigger: u32,
+    pub pid: i32,
+    pub output: PathBuf,
+    pub end: String,
+    pub hit_snapshots: u64,
+    pub tail_snapshots: u64,
+    pub perf_exit: Option<String>,
 }
 
 /// Everything the driver needs.
 pub struct Setup {
-    pub trigger: u32,
-    pub policy: Policy,
-    pub plan: AttachPlan,
+    pub triggers: Vec<TriggerSetup>,
     pub probes: Probes,
-    pub perf: PerfProcess,
-    pub perf_spawned: Instant,
+    /// perf's command, without pid and output (set per recorder).
+    pub perf: PerfSpec,
+    pub max_targets: usize,
     pub agent_started: Instant,
-    pub index: Index,
-    pub out_dir: PathBuf,
     pub reporter: Arc<Reporter>,
-    /// Filled in with perf's pid and timings when armed.
-    pub armed: Armed,
+    /// A single `--pid` run: its recorder's failure is the run's failure.
+    pub single: bool,
     pub verbose: bool,
     pub rt_priority: Option<i32>,
     pub reader_delay: Option<Duration>,
@@ -159,21 +170,19 @@ impl Handle {
     }
 }
 
-/// How long perf may take to answer its first `ping`.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Between `stop` and SIGTERM, and between SIGTERM and SIGKILL (perf's own
-/// `perf daemon` uses the same).
-const ESCALATE_AFTER: Duration = Duration::from_secs(10);
-/// How often perf's CPU use is sampled.
-const SAMPLE_EVERY: Duration = Duration::from_millis(500);
-
 const T_RING: u64 = 1;
-const T_STDERR: u64 = 2;
-const T_ACK: u64 = 3;
-const T_PERF_EXIT: u64 = 4;
-const T_TARGET_EXIT: u64 = 5;
-const T_WAKE: u64 = 6;
-const T_LOGGER: u64 = 7;
+const T_EXECS: u64 = 2;
+const T_WAKE: u64 = 3;
+const T_LOGGER: u64 = 4;
+/// Recorder tokens: `(slot + 1) << 3 | kind`.
+const K_STDERR: u64 = 0;
+const K_ACK: u64 = 1;
+const K_PERF_EXIT: u64 = 2;
+const K_TARGET_EXIT: u64 = 3;
+
+fn token(slot: usize, kind: u64) -> u64 {
+    ((slot as u64 + 1) << 3) | kind
+}
 
 /// Starts the driver thread.
 pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Handle> {
@@ -193,11 +202,14 @@ pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Han
                         .cloned()
                         .unwrap_or_else(|| Failure::runtime(format!("{e:#}"))),
                 ),
-                stats: Stats::default(),
                 counters: CounterValues::default(),
+                stats: Stats::default(),
                 open_calls: 0,
                 perf_exit: None,
                 perf_cpu: None,
+                recorders: Vec::new(),
+                unrecorded_hits: 0,
+                extra_processes: 0,
             });
             let _ = events.send(Event::Finished(Box::new(outcome)));
         })?;
@@ -216,30 +228,20 @@ struct Driver {
     wake: Arc<EventFd>,
     ring: RingBuf<MapData>,
     ring_watched: bool,
-    counters: Counters,
+    execs: Option<RingBuf<MapData>>,
+    counters: Arc<Counters>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
-    target_pidfd: Option<OwnedFd>,
-    trigger: Trigger,
+    slots: Vec<Option<Recorder>>,
+    by_target: HashMap<(u32, i32), usize>,
+    /// Processes whose recording ended while they live on (per trigger).
+    done: HashMap<(u32, i32), ()>,
     next_seq: u64,
-    snapshots: u64,
-    /// Files indexed and still on disk.
-    listed: Vec<String>,
-    /// Files indexed (on disk or deleted by --keep).
-    indexed: HashSet<String>,
-    ready_at: Option<Instant>,
     armed_at: Option<Instant>,
-    reason: Option<EndReason>,
-    failure: Option<Failure>,
-    /// When `stop` was written or the target exited; SIGTERM and SIGKILL follow.
-    stopping_since: Option<Instant>,
-    sent_term: bool,
-    sent_kill: bool,
-    perf_exited: bool,
-    stderr_open: bool,
-    ack_open: bool,
-    disk_full: bool,
-    spin: SpinDetector,
-    next_sample: Instant,
+    stopping: Option<EndReason>,
+    fatal: Option<Failure>,
+    finished: Vec<RecorderOutcome>,
+    unrecorded: u64,
+    extra: u64,
 }
 
 impl Driver {
@@ -251,7 +253,7 @@ impl Driver {
     ) -> anyhow::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         let ring = s.probes.take_ring()?;
-        let counters = s.probes.take_counters()?;
+        let counters = Arc::new(s.probes.take_counters()?);
         let logger = if s.verbose {
             s.probes.take_logger()
         } else {
@@ -260,23 +262,15 @@ impl Driver {
         let watch = |fd: BorrowedFd<'_>, token: u64| {
             epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, token))
         };
-        watch(s.perf.stderr_fd(), T_STDERR)?;
-        watch(s.perf.ack_fd(), T_ACK)?;
-        watch(s.perf.pidfd(), T_PERF_EXIT)?;
         watch(wake.as_fd(), T_WAKE)?;
         if let Some(l) = &logger {
             watch(l.as_fd(), T_LOGGER)?;
         }
-        let target_pidfd = perf::pidfd_open(s.plan.pid.unwrap_or(0)).ok();
-        if let Some(fd) = &target_pidfd {
-            watch(fd.as_fd(), T_TARGET_EXIT)?;
-        }
-        // perf answers only from its main loop: an ack means SIGUSR2 works.
-        let _ = s.perf.ping();
         if let Some(prio) = s.rt_priority {
             set_fifo(prio, &s.reporter);
         }
-        let policy = s.policy;
+        // perf inherits these across execve when we run with capabilities.
+        caps::raise_ambient();
         Ok(Self {
             s,
             events,
@@ -285,86 +279,249 @@ impl Driver {
             wake,
             ring,
             ring_watched: false,
+            execs: None,
             counters,
             logger,
-            target_pidfd,
-            trigger: Trigger::new(policy),
+            slots: Vec::new(),
+            by_target: HashMap::new(),
+            done: HashMap::new(),
             next_seq: 0,
-            snapshots: 0,
-            listed: Vec::new(),
-            indexed: HashSet::new(),
-            ready_at: None,
             armed_at: None,
-            reason: None,
-            failure: None,
-            stopping_since: None,
-            sent_term: false,
-            sent_kill: false,
-            perf_exited: false,
-            stderr_open: true,
-            ack_open: true,
-            disk_full: false,
-            spin: SpinDetector::new(Duration::from_secs(2), 0.9),
-            next_sample: Instant::now() + SAMPLE_EVERY,
+            stopping: None,
+            fatal: None,
+            finished: Vec::new(),
+            unrecorded: 0,
+            extra: 0,
         })
     }
 
     fn run(&mut self) -> Outcome {
-        let mut events = [EpollEvent::empty(); 16];
-        while !self.perf_exited {
+        self.start();
+        let mut events = [EpollEvent::empty(); 32];
+        while !self.over() {
             let timeout = self.timeout();
             let n = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(nix::errno::Errno::EINTR) => 0,
                 Err(e) => {
-                    self.fail(Failure::runtime(format!("epoll_wait: {e}")));
-                    break;
+                    self.fatal(Failure::runtime(format!("epoll_wait: {e}")));
+                    0
                 }
             };
             for ev in &events[..n] {
                 match ev.data() {
                     T_RING => self.read_ring(),
-                    T_STDERR => self.read_stderr(),
-                    T_ACK => self.read_acks(),
-                    T_PERF_EXIT => self.perf_exited = true,
-                    T_TARGET_EXIT => self.target_exited(),
+                    T_EXECS => self.read_execs(),
                     T_WAKE => self.commands(),
                     T_LOGGER => {
                         if let Some(l) = &mut self.logger {
                             l.flush();
                         }
                     }
-                    _ => {}
+                    t => self.recorder_event((t >> 3) as usize - 1, t & 7),
                 }
             }
             self.timers();
+            self.reap();
         }
-        self.finish()
+        self.outcome()
     }
 
-    /// Until the next state-machine deadline, escalation step, sample, or
-    /// delayed reader start; at most 500 ms.
-    fn timeout(&self) -> EpollTimeout {
-        let now_ns = monotonic_ns();
-        let mut wait = SAMPLE_EVERY;
-        if let Some(deadline) = self.trigger.next_deadline() {
-            wait = wait.min(Duration::from_nanos(deadline.saturating_sub(now_ns)));
+    /// Starts `--pid` recorders and arms `--exe` triggers.
+    fn start(&mut self) {
+        let mut exe_triggers = false;
+        for i in 0..self.s.triggers.len() {
+            let (index, watch) = (self.s.triggers[i].index, self.s.triggers[i].watch.clone());
+            match watch {
+                Watch::Pid(pid) => {
+                    let dir = self.s.triggers[i].out.clone();
+                    if let Err(f) = self.start_recorder(index, pid, dir) {
+                        if self.s.single {
+                            self.fatal(f);
+                        } else {
+                            self.s
+                                .reporter
+                                .warning(&format!("pid {pid}: {}", f.message));
+                        }
+                    }
+                }
+                Watch::Exe { .. } => {
+                    exe_triggers = true;
+                    let plan = self.s.triggers[i].plan.clone();
+                    if let Err(f) = self.s.probes.attach(&plan) {
+                        self.fatal(f);
+                        return;
+                    }
+                }
+            }
         }
+        if exe_triggers {
+            match self.s.probes.attach_exec_tracepoint() {
+                Ok(()) => {}
+                Err(f) => {
+                    self.fatal(f);
+                    return;
+                }
+            }
+            match self.s.probes.take_execs() {
+                Ok(r) => {
+                    let _ = self
+                        .epoll
+                        .add(r.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, T_EXECS));
+                    self.execs = Some(r);
+                }
+                Err(e) => {
+                    self.fatal(Failure::runtime(format!("EXECS ring buffer: {e:#}")));
+                    return;
+                }
+            }
+            self.armed_now(None);
+            for t in self
+                .s
+                .triggers
+                .iter()
+                .filter(|t| matches!(t.watch, Watch::Exe { .. }))
+            {
+                let mut a = t.armed.clone();
+                a.time_to_armed_ms = ms(self.s.agent_started.elapsed());
+                self.s.reporter.armed(&a);
+            }
+            // Processes that run the executables already: one scan of /proc.
+            for pid in all_pids() {
+                self.maybe_track(pid);
+            }
+        }
+    }
+
+    fn armed_now(&mut self, _pid: Option<i32>) {
+        if self.armed_at.is_none() {
+            self.armed_at = Some(Instant::now());
+            let _ = self.events.send(Event::Armed);
+            if self.s.reader_delay.is_none() {
+                self.watch_ring();
+            }
+        }
+    }
+
+    fn start_recorder(&mut self, trigger: u32, pid: i32, dir: PathBuf) -> Result<(), Failure> {
+        let t = self.trigger(trigger);
+        let policy = t.policy;
+        let rec = Recorder::start(
+            trigger,
+            pid,
+            dir,
+            &self.s.perf,
+            policy,
+            self.s.reporter.clone(),
+            self.counters.clone(),
+        )?;
+        let slot = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or_else(|| {
+                self.slots.push(None);
+                self.slots.len() - 1
+            });
+        for (kind, fd) in rec.fds().into_iter().enumerate() {
+            if let Some(fd) = fd {
+                let _ = self.epoll.add(
+                    fd,
+                    EpollEvent::new(EpollFlags::EPOLLIN, token(slot, kind as u64)),
+                );
+            }
+        }
+        self.by_target.insert((trigger, pid), slot);
+        self.slots[slot] = Some(rec);
+        Ok(())
+    }
+
+    fn trigger(&self, index: u32) -> &TriggerSetup {
+        self.s
+            .triggers
+            .iter()
+            .find(|t| t.index == index)
+            .expect("known trigger")
+    }
+
+    /// Starts a recorder for `pid` under every `--exe` trigger whose
+    /// executable it runs (up to `--max-targets` per trigger).
+    fn maybe_track(&mut self, pid: i32) {
+        if self.stopping.is_some() {
+            return;
+        }
+        let Some(id) = target::exe_id(pid) else {
+            return;
+        };
+        let matching: Vec<(u32, PathBuf)> = self
+            .s
+            .triggers
+            .iter()
+            .filter_map(|t| match &t.watch {
+                Watch::Exe { id: want, .. } if *want == id => Some((t.index, t.out.clone())),
+                _ => None,
+            })
+            .collect();
+        for (trigger, out) in matching {
+            if self.by_target.contains_key(&(trigger, pid))
+                || self.done.contains_key(&(trigger, pid))
+            {
+                continue;
+            }
+            let live = self.by_target.keys().filter(|(t, _)| *t == trigger).count();
+            if live >= self.s.max_targets {
+                self.extra += 1;
+                self.done.insert((trigger, pid), ());
+                self.s.reporter.warning(&format!(
+                    "pid {pid} runs the traced executable, but --max-targets {} recorders are \
+                     busy; it is not recorded",
+                    self.s.max_targets
+                ));
+                continue;
+            }
+            match self.start_recorder(trigger, pid, out.join(pid.to_string())) {
+                Ok(()) => self.s.reporter.target(
+                    pid,
+                    trigger,
+                    "started",
+                    &out.join(pid.to_string()),
+                    None,
+                ),
+                Err(f) => self
+                    .s
+                    .reporter
+                    .warning(&format!("pid {pid}: {}", f.message)),
+            }
+        }
+    }
+
+    fn over(&self) -> bool {
+        if !self.slots.iter().all(Option::is_none) {
+            return false;
+        }
+        // No recorder runs. The run is over when stopping, when a fatal
+        // failure happened, or when no trigger can start one any more.
+        self.stopping.is_some()
+            || self.fatal.is_some()
+            || !self
+                .s
+                .triggers
+                .iter()
+                .any(|t| matches!(t.watch, Watch::Exe { .. }))
+    }
+
+    fn timeout(&self) -> EpollTimeout {
         let now = Instant::now();
-        if let Some(since) = self.stopping_since {
-            let next = if self.sent_term {
-                since + 2 * ESCALATE_AFTER
-            } else {
-                since + ESCALATE_AFTER
-            };
-            wait = wait.min(next.saturating_duration_since(now));
+        let mut next = now + Duration::from_millis(500);
+        for r in self.slots.iter().flatten() {
+            next = next.min(r.next_deadline(now));
         }
         if !self.ring_watched
             && let (Some(armed), Some(delay)) = (self.armed_at, self.s.reader_delay)
         {
-            wait = wait.min((armed + delay).saturating_duration_since(now));
+            next = next.min(armed + delay);
         }
-        wait = wait.min(self.next_sample.saturating_duration_since(now));
+        let wait = next.saturating_duration_since(now);
         // Round up to whole ms so a deadline is never missed by a hair.
         let ms = wait.as_nanos().div_ceil(1_000_000) as u64;
         EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::NONE)
@@ -372,53 +529,18 @@ impl Driver {
 
     fn timers(&mut self) {
         let now = Instant::now();
-        // The delayed reader (tests of ring-buffer overflow).
         if !self.ring_watched
             && let Some(armed) = self.armed_at
             && now >= armed + self.s.reader_delay.unwrap_or_default()
         {
             self.watch_ring();
         }
-        let actions = self.trigger.on_tick(monotonic_ns());
-        self.apply(actions);
-        if self.ready_at.is_none()
-            && now.duration_since(self.s.perf_spawned) > READY_TIMEOUT
-            && self.failure.is_none()
-        {
-            self.fail(Failure::runtime(format!(
-                "perf did not become ready within {} s; see perf's messages below",
-                READY_TIMEOUT.as_secs()
-            )));
-            self.s.perf.signal(Signal::SIGTERM);
-            self.stopping_since.get_or_insert(now);
-        }
-        if let Some(since) = self.stopping_since {
-            if !self.sent_term && now >= since + ESCALATE_AFTER {
-                self.s
-                    .reporter
-                    .warning("perf did not exit 10 s after stop; sending SIGTERM");
-                self.s.perf.signal(Signal::SIGTERM);
-                self.sent_term = true;
-            } else if self.sent_term && !self.sent_kill && now >= since + 2 * ESCALATE_AFTER {
-                self.s
-                    .reporter
-                    .warning("perf did not exit 10 s after SIGTERM; sending SIGKILL");
-                self.s.perf.signal(Signal::SIGKILL);
-                self.sent_kill = true;
-            }
-        }
-        if now >= self.next_sample {
-            self.next_sample = now + SAMPLE_EVERY;
-            if let Some(cpu) = self.s.perf.cpu_time()
-                && let Some(frac) = self
-                    .spin
-                    .sample(now.duration_since(self.s.perf_spawned), cpu)
-            {
-                self.s.reporter.warning(&format!(
-                    "perf is using {:.0}% of a core (for 2 s or more); perf 6.1 can spin when \
-                     threads of the target exit (fixed upstream in 2026)",
-                    frac * 100.0
-                ));
+        for slot in 0..self.slots.len() {
+            if let Some(r) = &mut self.slots[slot] {
+                let notes = r.tick(now);
+                if notes.limit_reached {
+                    self.limit_reached(slot);
+                }
             }
         }
     }
@@ -433,46 +555,88 @@ impl Driver {
         }
     }
 
-    fn read_acks(&mut self) {
-        match self.s.perf.read_acks() {
-            Ok(n) if n > 0 && self.ready_at.is_none() => self.perf_ready(),
-            Ok(_) => {}
-            Err(_) => self.ack_open = false,
+    fn recorder_event(&mut self, slot: usize, kind: u64) {
+        let Some(r) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let notes = match kind {
+            K_STDERR => r.on_stderr(),
+            K_ACK => r.on_ack(),
+            K_PERF_EXIT => {
+                r.on_perf_exit();
+                Default::default()
+            }
+            K_TARGET_EXIT => {
+                r.on_target_exit();
+                if let Some(fd) = r.fds()[3] {
+                    let _ = self.epoll.delete(fd);
+                }
+                Default::default()
+            }
+            _ => Default::default(),
+        };
+        // Closed pipes stay readable; stop watching them.
+        if let Some(r) = self.slots[slot].as_ref() {
+            let (ack_closed, stderr_closed) = r.pipes_closed();
+            let fds = r.fds();
+            if ack_closed && let Some(fd) = fds[1] {
+                let _ = self.epoll.delete(fd);
+            }
+            if stderr_closed && let Some(fd) = fds[0] {
+                let _ = self.epoll.delete(fd);
+            }
         }
-        if self.ack_open && self.s.perf.ack_closed() {
-            self.ack_open = false;
-            let _ = self.epoll.delete(self.s.perf.ack_fd());
+        if notes.ready {
+            self.recorder_ready(slot);
+        }
+        if notes.limit_reached {
+            self.limit_reached(slot);
         }
     }
 
-    /// perf answered its first ping: attach and announce.
-    fn perf_ready(&mut self) {
-        let now = Instant::now();
-        self.ready_at = Some(now);
-        if self.reason.is_some() {
-            // Asked to stop before we were armed.
-            let actions = self.trigger.on_stop_request(monotonic_ns());
-            self.apply(actions);
+    /// A recorder's perf is ready. For a `--pid` trigger, attach its probes now.
+    fn recorder_ready(&mut self, slot: usize) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let (trigger, pid, perf_pid, ready_after) =
+            (r.trigger, r.tgid, r.perf_pid(), r.ready_after());
+        if self.stopping.is_some() {
             return;
         }
-        if let Err(f) = self.s.probes.attach(&self.s.plan) {
-            self.s.probes.detach_all();
-            self.fail(f);
+        let t = self.trigger(trigger);
+        if !matches!(t.watch, Watch::Pid(_)) {
             return;
         }
-        let armed_at = Instant::now();
-        self.armed_at = Some(armed_at);
-        if self.s.reader_delay.is_none() {
-            self.watch_ring();
+        let plan = t.plan.clone();
+        let mut armed = t.armed.clone();
+        if let Err(f) = self.s.probes.attach(&plan) {
+            self.s.probes.detach_trigger(trigger);
+            if let Some(r) = self.slots[slot].as_mut() {
+                r.fail(f);
+            }
+            return;
         }
-        let a = &mut self.s.armed;
-        a.perf_pid = self.s.perf.pid().as_raw();
-        a.uprobes = self.s.probes.attached();
-        a.perf_ready_ms = ms(now.duration_since(self.s.perf_spawned));
-        a.time_to_armed_ms = ms(armed_at.duration_since(self.s.agent_started));
-        self.s.reporter.armed(a);
-        // `armed` is on stdout before the main thread hears of it.
-        let _ = self.events.send(Event::Armed);
+        armed.pid = Some(pid);
+        armed.perf_pid = Some(perf_pid);
+        armed.uprobes = self.s.probes.attached_for(trigger);
+        armed.perf_ready_ms = ready_after.map_or(0.0, ms);
+        armed.time_to_armed_ms = ms(self.s.agent_started.elapsed());
+        self.s.reporter.armed(&armed);
+        self.armed_now(Some(pid));
+    }
+
+    fn limit_reached(&mut self, slot: usize) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let trigger = r.trigger;
+        if matches!(self.trigger(trigger).watch, Watch::Pid(_)) {
+            self.s.probes.detach_trigger(trigger);
+        }
+        if let Some(r) = self.slots[slot].as_mut() {
+            r.stop(EndReason::MaxSnapshots);
+        }
     }
 
     fn read_ring(&mut self) {
@@ -488,6 +652,7 @@ impl Driver {
             };
             let now = monotonic_ns();
             self.next_seq += 1;
+            let at_return = hit.flags & HIT_AT_RETURN != 0;
             let ih = IndexedHit {
                 seq: self.next_seq,
                 tgid: hit.tgid,
@@ -495,47 +660,54 @@ impl Driver {
                 cpu: hit.cpu,
                 ktime_ns: hit.ktime_ns,
                 args: hit.args,
-                duration_ns: (hit.flags & agent_common::HIT_AT_RETURN != 0)
-                    .then_some(hit.duration_ns),
-                retval: (hit.flags & agent_common::HIT_AT_RETURN != 0).then_some(hit.retval),
+                duration_ns: at_return.then_some(hit.duration_ns),
+                retval: at_return.then_some(hit.retval),
                 merged: false,
             };
-            let actions = self.trigger.on_hit(ih.clone(), now);
-            // Signal perf first; report after.
-            self.apply(actions);
-            self.s.reporter.hit(&ih);
-        }
-    }
-
-    fn read_stderr(&mut self) {
-        let lines = self.s.perf.read_stderr().unwrap_or_default();
-        self.perf_lines(lines);
-        if self.stderr_open && self.s.perf.stderr_closed() {
-            self.stderr_open = false;
-            let _ = self.epoll.delete(self.s.perf.stderr_fd());
-        }
-    }
-
-    fn perf_lines(&mut self, lines: Vec<PerfLine>) {
-        for line in lines {
-            match line {
-                PerfLine::Dump(path) => {
-                    let name = path
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_else(|| path.display().to_string());
-                    if !self.indexed.contains(&name) {
-                        let actions = self.trigger.on_dump(name, monotonic_ns());
-                        self.apply(actions);
+            let key = (hit.trigger, hit.tgid as i32);
+            match self.by_target.get(&key).copied() {
+                Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::taking_hits) => {
+                    let notes = self.slots[slot]
+                        .as_mut()
+                        .map(|r| r.on_hit(ih.clone(), now))
+                        .unwrap_or_default();
+                    // Signal perf first; report after.
+                    self.s.reporter.hit(&ih);
+                    if notes.limit_reached {
+                        self.limit_reached(slot);
                     }
                 }
-                PerfLine::Other(l) => {
-                    if l.contains("No space left on device") {
-                        self.disk_full = true;
+                Some(slot) if self.slots[slot].is_some() => {
+                    // perf not ready yet, or stopping: the hit goes into the
+                    // snapshot perf is writing (the tail).
+                    if let Some(r) = self.slots[slot].as_mut() {
+                        r.on_hit(ih.clone(), now);
                     }
-                    self.s.reporter.verbose(&format!("perf: {l}"));
+                    self.s.reporter.hit(&ih);
+                }
+                _ => {
+                    self.unrecorded += 1;
+                    // A process of a traced executable that we did not see
+                    // exec (a fork): record it from now on.
+                    self.maybe_track(hit.tgid as i32);
                 }
             }
+        }
+    }
+
+    fn read_execs(&mut self) {
+        let mut pids = Vec::new();
+        if let Some(execs) = &mut self.execs {
+            while let Some(item) = execs.next() {
+                if item.len() >= std::mem::size_of::<Exec>() {
+                    // SAFETY: an Exec record written by mt_exec.
+                    let e: Exec = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                    pids.push(e.tgid as i32);
+                }
+            }
+        }
+        for pid in pids {
+            self.maybe_track(pid);
         }
     }
 
@@ -543,234 +715,143 @@ impl Driver {
         let _ = self.wake.read();
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
-                Command::Stop(reason) => self.request_stop(reason),
+                Command::Stop(reason) => self.stop_all(reason),
             }
         }
     }
 
-    fn request_stop(&mut self, reason: EndReason) {
-        if self.reason.is_none() {
-            self.reason = Some(reason);
-        }
+    fn stop_all(&mut self, reason: EndReason) {
+        self.stopping.get_or_insert(reason.clone());
         // No more hits are wanted.
         self.s.probes.detach_all();
-        if self.ready_at.is_none() {
-            // perf is not in its main loop yet; it would not read `stop`.
-            self.s.perf.signal(Signal::SIGTERM);
-            self.stopping_since.get_or_insert_with(Instant::now);
-            return;
-        }
-        let actions = self.trigger.on_stop_request(monotonic_ns());
-        self.apply(actions);
-    }
-
-    fn target_exited(&mut self) {
-        if let Some(fd) = self.target_pidfd.take() {
-            let _ = self.epoll.delete(fd.as_fd());
-        }
-        if self.reason.is_none() {
-            self.reason = Some(EndReason::TargetExited);
-        }
-        self.s.probes.detach_all();
-        // perf finalizes and exits by itself; escalate if it does not.
-        self.stopping_since.get_or_insert_with(Instant::now);
-    }
-
-    fn fail(&mut self, f: Failure) {
-        if self.failure.is_none() {
-            self.failure = Some(f);
-        }
-        if self.reason.is_none() {
-            self.reason = Some(EndReason::Failed);
-        }
-        self.s.probes.detach_all();
-        if self.ready_at.is_some() {
-            let actions = self.trigger.on_stop_request(monotonic_ns());
-            self.apply(actions);
-        } else {
-            self.s.perf.signal(Signal::SIGTERM);
-            self.stopping_since.get_or_insert_with(Instant::now);
+        for r in self.slots.iter_mut().flatten() {
+            r.stop(reason.clone());
         }
     }
 
-    fn apply(&mut self, actions: Vec<Action>) {
-        for a in actions {
-            match a {
-                Action::Switch => {
-                    let _ = self.s.perf.switch();
-                }
-                Action::Stop => {
-                    let _ = self.s.perf.stop();
-                    self.stopping_since.get_or_insert_with(Instant::now);
-                }
-                Action::LimitReached => {
-                    if self.reason.is_none() {
-                        self.reason = Some(EndReason::MaxSnapshots);
+    fn fatal(&mut self, f: Failure) {
+        if self.fatal.is_none() {
+            self.fatal = Some(f);
+        }
+        self.stop_all(EndReason::Failed);
+    }
+
+    /// Finishes recorders whose perf exited.
+    fn reap(&mut self) {
+        for slot in 0..self.slots.len() {
+            if !self.slots[slot].as_ref().is_some_and(Recorder::exited) {
+                continue;
+            }
+            // Deliver what is still in the ring buffer first: this recorder's
+            // hits end in its tail (or unsnapshotted).
+            self.read_ring();
+            let r = self.slots[slot].take().expect("exited recorder");
+            for fd in r.fds().into_iter().flatten() {
+                let _ = self.epoll.delete(fd);
+            }
+            let (trigger, pid) = (r.trigger, r.tgid);
+            self.by_target.remove(&(trigger, pid));
+            let is_pid = matches!(self.trigger(trigger).watch, Watch::Pid(_));
+            if is_pid {
+                self.s.probes.detach_trigger(trigger);
+            }
+            let outcome = r.finish();
+            if let Some(f) = &outcome.failure {
+                if outcome.reason == EndReason::DiskFull || self.s.single {
+                    if self.fatal.is_none() {
+                        self.fatal = Some(f.clone());
                     }
-                    self.s.probes.detach_all();
-                }
-                Action::Index(snap) => self.index(snap),
-            }
-        }
-    }
-
-    fn index(&mut self, snap: crate::trigger::Snapshot) {
-        let path = self.s.out_dir.join(&snap.file);
-        let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        let counters = self.counters.read(self.s.trigger);
-        let merged = self.trigger.stats().merged;
-        if let Err(e) = self.s.index.snapshot(&snap, bytes, counters, merged) {
-            self.index_failed(e);
-        }
-        self.indexed.insert(snap.file.clone());
-        self.listed.push(snap.file.clone());
-        self.snapshots += 1;
-        self.s.reporter.snapshot(&SnapshotEvent {
-            n: self.snapshots,
-            kind: snap.kind,
-            file: &snap.file,
-            bytes,
-            hits: &snap.hits,
-            hit_to_kill_ns: snap.hit_to_kill_ns,
-            unlisted_hits: snap.unlisted_hits,
-        });
-        // perf's --switch-max-files (from --keep) deletes the oldest files.
-        let out = &self.s.out_dir;
-        let (kept, gone): (Vec<String>, Vec<String>) = std::mem::take(&mut self.listed)
-            .into_iter()
-            .partition(|f| out.join(f).exists());
-        self.listed = kept;
-        for f in gone {
-            if let Err(e) = self.s.index.deleted(&f) {
-                self.index_failed(e);
-            }
-        }
-    }
-
-    fn index_failed(&mut self, e: std::io::Error) {
-        if e.raw_os_error() == Some(libc::ENOSPC) {
-            self.disk_full = true;
-        }
-        let f = if self.disk_full {
-            Failure::runtime(format!(
-                "the output file system is full (writing {}): stopping; completed snapshots \
-                 are kept and listed",
-                self.s.index.path().display()
-            ))
-        } else {
-            Failure::runtime(format!("writing {}: {e}", self.s.index.path().display()))
-        };
-        self.fail(f);
-    }
-
-    /// perf has exited: index what it left and collect the outcome.
-    fn finish(&mut self) -> Outcome {
-        self.s.probes.detach_all();
-        let status = self.s.perf.try_wait().ok().flatten();
-        let perf_cpu = self.s.perf.last_cpu_time();
-        self.read_ring();
-        let lines = self.s.perf.flush_stderr();
-        self.perf_lines(lines);
-        // Files perf completed without a Dump line (it was killed, or it
-        // printed `<timestamp>` literally on SIGTERM): the tail.
-        let mut left: Vec<String> = fs::read_dir(&self.s.out_dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("perf.data.") && !self.indexed.contains(n))
-            .collect();
-        left.sort();
-        for name in left {
-            let actions = self.trigger.on_dump(name, monotonic_ns());
-            let actions = actions
-                .into_iter()
-                .filter(|a| matches!(a, Action::Index(_)))
-                .collect();
-            self.apply(actions);
-        }
-        let unsnapshotted = self.trigger.on_perf_exit();
-        if unsnapshotted > 0 {
-            self.s.reporter.warning(&format!(
-                "{unsnapshotted} accepted hit(s) got no snapshot: perf ended before writing it"
-            ));
-        }
-        let target_alive = self.s.plan.pid.is_some_and(target::is_alive);
-        if !target_alive && self.reason.is_none() {
-            self.reason = Some(EndReason::TargetExited);
-        }
-        let we_ended_it = self.trigger.stop_sent() || self.sent_term || self.sent_kill;
-        if self.ready_at.is_none()
-            && self.failure.is_none()
-            && target_alive
-            && self.reason.is_none()
-        {
-            self.failure = Some(perf_start_failure(status, &self.s.perf.last_lines()));
-        } else if self.disk_full && self.failure.is_none() {
-            self.failure = Some(Failure::runtime(
-                "the output file system is full: perf could not write; completed snapshots are \
-                 kept and listed",
-            ));
-        } else if self.failure.is_none() && target_alive && !we_ended_it {
-            let how = status
-                .map(perf::describe_status)
-                .unwrap_or_else(|| "unknown status".into());
-            self.failure = Some(
-                Failure::runtime(format!(
-                    "perf ended unexpectedly ({how}) while the target still runs"
-                ))
-                .with_detail(
+                    if outcome.reason == EndReason::DiskFull {
+                        self.stop_all(EndReason::DiskFull);
+                    }
+                } else {
                     self.s
-                        .perf
-                        .last_lines()
-                        .into_iter()
-                        .map(|l| format!("perf: {l}")),
-                ),
-            );
-            self.reason = Some(EndReason::PerfEnded);
+                        .reporter
+                        .warning(&format!("pid {pid}: {}", f.message));
+                }
+            }
+            if !is_pid {
+                self.s.reporter.target(
+                    pid,
+                    trigger,
+                    "finished",
+                    &outcome.dir,
+                    Some(&outcome.reason.describe()),
+                );
+                if target::is_alive(pid) {
+                    self.done.insert((trigger, pid), ());
+                }
+            }
+            self.finished.push(outcome);
         }
-        if self.disk_full {
-            self.reason = Some(EndReason::DiskFull);
+    }
+
+    fn outcome(&mut self) -> Outcome {
+        self.s.probes.detach_all();
+        self.read_ring();
+        let mut counters = CounterValues::default();
+        let mut open_calls = 0;
+        for t in &self.s.triggers {
+            recorder::add_counters(&mut counters, &self.counters.read(t.index));
+            open_calls += self.counters.open_calls(t.index);
         }
+        let mut stats = Stats::default();
+        let mut perf_cpu: Option<Duration> = None;
+        for o in &self.finished {
+            recorder::add_stats(&mut stats, &o.stats);
+            if let Some(c) = o.perf_cpu {
+                perf_cpu = Some(perf_cpu.unwrap_or_default() + c);
+            }
+        }
+        let single = self.s.single.then(|| self.finished.first()).flatten();
+        let reason = match (&self.stopping, single) {
+            (Some(r), _) if *r != EndReason::Failed => r.clone(),
+            (_, Some(o)) => o.reason.clone(),
+            (Some(r), None) => r.clone(),
+            (None, None) => EndReason::TargetExited,
+        };
+        let failure = self
+            .fatal
+            .take()
+            .or_else(|| single.and_then(|o| o.failure.clone()));
         Outcome {
-            reason: self.reason.clone().unwrap_or(EndReason::PerfEnded),
-            failure: self.failure.take(),
-            stats: self.trigger.stats(),
-            counters: self.counters.read(self.s.trigger),
-            open_calls: self.counters.open_calls(self.s.trigger),
-            perf_exit: status.map(perf::describe_status),
+            reason: if failure.is_some() && reason == EndReason::TargetExited {
+                EndReason::Failed
+            } else {
+                reason
+            },
+            failure,
+            counters,
+            stats,
+            open_calls,
+            perf_exit: single.and_then(|o| o.perf_exit.clone()),
             perf_cpu,
+            recorders: self
+                .finished
+                .iter()
+                .map(|o| RecorderSummary {
+                    trigger: o.trigger,
+                    pid: o.tgid,
+                    output: o.dir.clone(),
+                    end: o.reason.describe(),
+                    hit_snapshots: o.stats.hit_snapshots,
+                    tail_snapshots: o.stats.tail_snapshots,
+                    perf_exit: o.perf_exit.clone(),
+                })
+                .collect(),
+            unrecorded_hits: self.unrecorded,
+            extra_processes: self.extra,
         }
     }
 }
 
-/// The failure for a perf that exited before it was ready: bad arguments
-/// (exit code 2) or anything else (4), with its last stderr lines.
-fn perf_start_failure(status: Option<std::process::ExitStatus>, lines: &[String]) -> Failure {
-    let how = status
-        .map(perf::describe_status)
-        .unwrap_or_else(|| "unknown status".into());
-    let usage = lines.iter().any(|l| {
-        l.contains("event syntax error")
-            || l.contains("unknown tracepoint")
-            || l.contains("Usage:")
-            || l.contains("unknown option")
-            || l.contains("unknown switch")
-            || l.contains("invalid or unsupported event")
-    });
-    let first = lines.first().cloned().unwrap_or_default();
-    let detail = lines.iter().map(|l| format!("perf: {l}"));
-    if usage {
-        Failure::usage(format!(
-            "perf rejected its arguments ({how}): {first}; fix --event or the extra perf arguments"
-        ))
-        .with_detail(detail)
-    } else {
-        Failure::runtime(format!(
-            "perf exited at start ({how}); see its messages below"
-        ))
-        .with_detail(detail)
-    }
+/// Every process id in /proc.
+fn all_pids() -> Vec<i32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 fn ms(d: Duration) -> f64 {

@@ -33,10 +33,10 @@ use crate::{
 /// File name of the index inside the output directory.
 pub const INDEX_FILE: &str = "snapshots.jsonl";
 
-/// The default output directory: `./mt-agent-<pid>-<YYYYmmdd-HHMMSS>` in
-/// local time.
-pub fn default_output_dir(pid: i32) -> PathBuf {
-    PathBuf::from(format!("mt-agent-{pid}-{}", local_timestamp()))
+/// The default output directory: `./mt-agent-<what>-<YYYYmmdd-HHMMSS>` in
+/// local time, where `what` is the pid or the executable's name.
+pub fn default_output_dir(what: &str) -> PathBuf {
+    PathBuf::from(format!("mt-agent-{what}-{}", local_timestamp()))
 }
 
 /// Local time as `YYYYmmdd-HHMMSS`.
@@ -202,6 +202,8 @@ fn is_zero(n: &u64) -> bool {
 pub struct Index {
     file: File,
     path: PathBuf,
+    /// Bytes of complete lines written so far.
+    len: u64,
 }
 
 /// One index line for a completed snapshot.
@@ -231,6 +233,7 @@ impl Index {
         Ok(Self {
             file: create_exclusive(&path)?,
             path,
+            len: 0,
         })
     }
 
@@ -268,8 +271,19 @@ impl Index {
     fn line<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
         let mut buf = serde_json::to_vec(value).map_err(io::Error::other)?;
         buf.push(b'\n');
-        // One write() per line: appended atomically with O_APPEND.
-        self.file.write_all(&buf)
+        // One write() per line, appended with O_APPEND. On a full disk a
+        // write can land in part: cut the file back to its last complete
+        // line, so the index never holds half a line.
+        match self.file.write_all(&buf) {
+            Ok(()) => {
+                self.len += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                Err(e)
+            }
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! Modules, one concern each:
 //! * [`cli`]: options and their parsing;
 //! * [`session`]: a capture run's setup and lifecycle (main thread, tokio);
-//! * [`driver`]: the data path: ring buffer → trigger → perf, and the index;
+//! * [`driver`]: the data path: ring buffer → recorders, exec events;
+//! * [`recorder`]: one perf process, its state machine and index;
+//! * [`config`]: `--config` files;
 //! * [`trigger`]: the hit-to-snapshot state machine (pure);
 //! * [`perf`]: spawning and driving `perf record`;
 //! * [`probe`]: loading and attaching the eBPF programs;
@@ -19,12 +21,14 @@ mod caps;
 mod check;
 mod cli;
 mod conditions;
+mod config;
 mod driver;
 mod error;
 mod index;
 mod list;
 mod perf;
 mod probe;
+mod recorder;
 mod report;
 mod session;
 mod symbols;

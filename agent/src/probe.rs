@@ -16,7 +16,8 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        UProbe,
+        TracePoint, UProbe,
+        trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -26,7 +27,8 @@ use crate::error::Failure;
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mt-agent-ebpf"));
 
-/// Program names, as the kernel lists them (cut to 15 bytes).
+/// Uprobe program names, as the kernel lists them (cut to 15 bytes). The
+/// exec tracepoint is `mt_exec`.
 pub const PROGRAM_NAMES: [&str; 3] = ["mt_entry", "mt_return", "mt_uretprobe"];
 
 /// How the end of a `--slower-than` call is seen.
@@ -65,7 +67,9 @@ pub struct LoadOptions {
 /// The loaded programs and their links.
 pub struct Probes {
     ebpf: Ebpf,
-    links: Vec<(&'static str, UProbeLinkId)>,
+    /// (program, trigger, link).
+    links: Vec<(&'static str, u32, UProbeLinkId)>,
+    exec_link: Option<TracePointLinkId>,
 }
 
 impl Probes {
@@ -94,6 +98,7 @@ impl Probes {
         Ok(Self {
             ebpf,
             links: Vec::new(),
+            exec_link: None,
         })
     }
 
@@ -154,26 +159,76 @@ impl Probes {
                 &format!("attaching a uprobe to {}+{offset:#x}", plan.path.display()),
             )
         })?;
-        self.links.push((program, link));
+        self.links.push((program, plan.trigger, link));
         Ok(())
     }
 
-    /// Detaches every probe; the programs stay loaded until drop.
-    pub fn detach_all(&mut self) {
-        for (program, link) in self.links.drain(..) {
-            if let Some(prog) = self
-                .ebpf
-                .program_mut(program)
-                .and_then(|p| <&mut UProbe>::try_from(p).ok())
-            {
-                let _ = prog.detach(link);
-            }
+    /// Loads and attaches `mt_exec` to `sched/sched_process_exec`, which
+    /// forwards every exec'ing pid into the EXECS ring buffer (`--exe`).
+    pub fn attach_exec_tracepoint(&mut self) -> Result<(), Failure> {
+        let prog: &mut TracePoint = self
+            .ebpf
+            .program_mut("mt_exec")
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| Failure::runtime("program mt_exec missing"))?;
+        prog.load()
+            .map_err(|e| classify_with(&e, "loading program mt_exec", &[libc::EPERM]))?;
+        let link = prog
+            .attach("sched", "sched_process_exec")
+            .map_err(|e| classify(&e, "attaching to the sched_process_exec tracepoint"))?;
+        self.exec_link = Some(link);
+        Ok(())
+    }
+
+    /// Detaches the probes of one trigger.
+    pub fn detach_trigger(&mut self, trigger: u32) {
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|(_, t, _)| *t == trigger);
+        self.links = others;
+        for (program, _, link) in mine {
+            self.detach_link(program, link);
         }
     }
 
-    /// Number of uprobes attached.
-    pub fn attached(&self) -> usize {
-        self.links.len()
+    /// Detaches every probe (and the exec tracepoint); the programs stay
+    /// loaded until drop.
+    pub fn detach_all(&mut self) {
+        for (program, _, link) in std::mem::take(&mut self.links) {
+            self.detach_link(program, link);
+        }
+        if let Some(link) = self.exec_link.take()
+            && let Some(prog) = self
+                .ebpf
+                .program_mut("mt_exec")
+                .and_then(|p| <&mut TracePoint>::try_from(p).ok())
+        {
+            let _ = prog.detach(link);
+        }
+    }
+
+    fn detach_link(&mut self, program: &str, link: UProbeLinkId) {
+        if let Some(prog) = self
+            .ebpf
+            .program_mut(program)
+            .and_then(|p| <&mut UProbe>::try_from(p).ok())
+        {
+            let _ = prog.detach(link);
+        }
+    }
+
+    /// Number of uprobes attached for a trigger.
+    pub fn attached_for(&self, trigger: u32) -> usize {
+        self.links.iter().filter(|(_, t, _)| *t == trigger).count()
+    }
+
+    /// Takes the EXECS ring buffer (`--exe`).
+    pub fn take_execs(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map("EXECS")
+            .ok_or_else(|| anyhow::anyhow!("EXECS map missing"))?;
+        Ok(RingBuf::try_from(map)?)
     }
 
     /// Takes the HITS ring buffer, for the reader thread.

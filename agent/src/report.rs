@@ -24,10 +24,15 @@ use crate::{
 /// Sent once both perf and the probe are ready.
 #[derive(Debug, Clone, Serialize)]
 pub struct Armed {
-    /// Traced process.
-    pub pid: i32,
-    /// perf's pid.
-    pub perf_pid: i32,
+    /// Traced process (absent for `--exe`, whose processes come and go).
+    pub pid: Option<i32>,
+    /// perf's pid (absent for `--exe`).
+    pub perf_pid: Option<i32>,
+    /// `--exe`: the executable traced in every process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exe: Option<PathBuf>,
+    /// Trigger index (with --config, several triggers share one agent).
+    pub trigger: u32,
     /// Sampled event and frequency (Hz).
     pub event: String,
     pub freq: u32,
@@ -51,6 +56,8 @@ pub struct Armed {
 /// One completed snapshot, as printed (the index has the same fields).
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotEvent<'a> {
+    /// The traced process it belongs to.
+    pub pid: i32,
     /// Number of this snapshot (hit and tail counted together), from 1.
     pub n: u64,
     pub kind: SnapshotKind,
@@ -89,6 +96,13 @@ pub struct Summary {
     /// Run time, seconds.
     pub duration_s: f64,
     pub output: PathBuf,
+    /// `--exe` and `--config`: each recorder (one per traced process).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recorders: Vec<crate::driver::RecorderSummary>,
+    /// Hits from processes that had no recorder.
+    pub unrecorded_hits: u64,
+    /// Processes of an `--exe` beyond `--max-targets`, not recorded.
+    pub extra_processes: u64,
 }
 
 /// Prints events.
@@ -136,21 +150,62 @@ impl Reporter {
             .as_ref()
             .map(|c| format!("; a hit costs {}", c.describe()))
             .unwrap_or_default();
-        self.print(&format!(
-            "armed in {:.0} ms (perf ready in {:.0} ms): perf (pid {}) records pid {} with {} at {} Hz; \
-             {} uprobe{} on {} in {}{cost}; writing to {}",
-            a.time_to_armed_ms,
-            a.perf_ready_ms,
-            a.perf_pid,
-            a.pid,
-            a.event,
-            a.freq,
+        let probes = format!(
+            "{} uprobe{} on {} in {}{cost}",
             a.uprobes,
             if a.uprobes == 1 { "" } else { "s" },
             a.symbol,
-            a.object.display(),
-            a.output.display()
-        ));
+            a.object.display()
+        );
+        match (a.pid, a.perf_pid, &a.exe) {
+            (Some(pid), Some(perf_pid), _) => self.print(&format!(
+                "armed in {:.0} ms (perf ready in {:.0} ms): perf (pid {perf_pid}) records pid {pid} \
+                 with {} at {} Hz; {probes}; writing to {}",
+                a.time_to_armed_ms,
+                a.perf_ready_ms,
+                a.event,
+                a.freq,
+                a.output.display()
+            )),
+            (_, _, exe) => self.print(&format!(
+                "armed in {:.0} ms: {probes}, for every process running {}; one perf per process \
+                 ({} at {} Hz) writing to {}/<pid>",
+                a.time_to_armed_ms,
+                exe.as_deref().unwrap_or(&a.object).display(),
+                a.event,
+                a.freq,
+                a.output.display()
+            )),
+        }
+    }
+
+    /// `target_started` / `target_finished`: a recorder for one process of
+    /// an `--exe` trigger.
+    pub fn target(
+        &self,
+        pid: i32,
+        trigger: u32,
+        state: &str,
+        output: &std::path::Path,
+        end: Option<&str>,
+    ) {
+        if self.json {
+            let mut v = json!({"event": format!("target_{state}"), "pid": pid, "trigger": trigger, "output": output});
+            if let Some(e) = end {
+                v["end"] = json!(e);
+            }
+            return self.print_json(v);
+        }
+        match end {
+            Some(e) => self.print(&format!(
+                "pid {pid}: recording {state} ({e}); snapshots in {}",
+                output.display()
+            )),
+            None => self.print(&format!(
+                "pid {pid}: recording {state}, into {}",
+                output.display()
+            )),
+        }
     }
 
     /// `hit_accepted`: printed in JSON mode, and at -v in text mode.

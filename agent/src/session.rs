@@ -1,39 +1,167 @@
-//! A capture run (`mt-agent --pid N --symbol f`): checks the input, finds
-//! the trigger, loads the probes, starts perf, then runs the lifecycle loop on
-//! the main thread (tokio): signals, `--duration`, exec detection. The data
-//! path is the driver thread ([`crate::driver`]).
+//! A capture run: checks the input, finds each trigger, loads the probes,
+//! then runs the lifecycle loop on the main thread (tokio): signals and
+//! `--duration`. The data path is the driver thread ([`crate::driver`]).
+//!
+//! Three shapes of run, one code path:
+//! * `--pid N --symbol f`: one trigger, one recorder writing into OUT;
+//! * `--exe PATH --symbol f`: one trigger, a recorder per process in OUT/<pid>;
+//! * `--config FILE`: several triggers, in OUT/<local time>/<name>[/<pid>].
 
 use std::{
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use agent_common::DEFAULT_RING_BYTES;
-use anyhow::Context as _;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc::unbounded_channel,
-    time::{interval, sleep_until},
+    time::sleep_until,
 };
 
 use crate::{
     caps,
     cli::{RunArgs, check_perf_args},
     conditions::{Filters, trigger_config},
-    driver::{self, Command, EndReason, Event, Setup},
+    config,
+    driver::{self, Command, Event, Setup, TriggerSetup, Watch},
     error::{ExitCode, Failure},
-    index::{self, Index, OutputDir},
-    perf::{self, PerfProcess, PerfSpec},
+    index::{self, OutputDir},
+    perf::{self, PerfSpec},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
+    recorder::EndReason,
     report::{Armed, Reporter, Summary},
     symbols::{self, Query, Resolution, insn},
     target,
     trigger::Policy,
 };
 
-/// How often the target's executable is compared with the one it had at the
-/// start (exec detection).
-const EXEC_CHECK_EVERY: Duration = Duration::from_millis(250);
+/// What one trigger watches, as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum WatchArg {
+    Pid(i32),
+    Exe(PathBuf),
+}
+
+/// One trigger, as given on the command line or in a config file.
+#[derive(Debug, Clone)]
+struct TriggerArgs {
+    name: String,
+    watch: WatchArg,
+    query: Query,
+    wait_for_symbol: Option<Duration>,
+    filters: Filters,
+    use_uretprobe: bool,
+    after: Option<Duration>,
+    max_snapshots: Option<u64>,
+}
+
+/// Settings shared by every trigger of a run.
+struct RunSettings {
+    output: Option<PathBuf>,
+    /// Write each run into a new `<output>/<local time>/` (config runs, so
+    /// that a restarted service never meets its previous output).
+    dated_output: bool,
+    perf: Option<PathBuf>,
+    event: Option<String>,
+    freq: u32,
+    keep: Option<u32>,
+    perf_args: Vec<String>,
+    max_targets: u64,
+}
+
+fn from_cli(args: &RunArgs) -> (RunSettings, Vec<TriggerArgs>) {
+    let watch = match (&args.pid, &args.exe) {
+        (Some(pid), _) => WatchArg::Pid(*pid),
+        (None, Some(exe)) => WatchArg::Exe(exe.clone()),
+        (None, None) => unreachable!("clap requires --pid, --exe or --config"),
+    };
+    let t = TriggerArgs {
+        name: "trigger0".into(),
+        watch,
+        query: Query {
+            symbol: args.symbol.clone(),
+            object: args.object.clone(),
+            offset: args.offset,
+            address: args.address,
+        },
+        wait_for_symbol: args.wait_for_symbol,
+        filters: Filters {
+            tids: args.tids.clone(),
+            when: args.when.clone(),
+            slower_than: args.slower_than,
+            every: args.every,
+            max_rate: args.max_rate,
+            cooldown: args.cooldown,
+        },
+        use_uretprobe: args.use_uretprobe,
+        after: args.after,
+        max_snapshots: args.max_snapshots,
+    };
+    let s = RunSettings {
+        output: args.output.clone(),
+        dated_output: false,
+        perf: args.perf.clone(),
+        event: args.event.clone(),
+        freq: args.freq,
+        keep: args.keep,
+        perf_args: args.perf_args.clone(),
+        max_targets: args.max_targets,
+    };
+    (s, vec![t])
+}
+
+fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerArgs>), Failure> {
+    let c = config::load(path)?;
+    let mut triggers = Vec::new();
+    for t in &c.triggers {
+        let watch = match (&t.pid, &t.exe) {
+            (Some(pid), _) => WatchArg::Pid(*pid),
+            (None, Some(exe)) => WatchArg::Exe(exe.clone()),
+            (None, None) => unreachable!("config::parse checks"),
+        };
+        triggers.push(TriggerArgs {
+            name: t.name.clone().unwrap_or_default(),
+            watch,
+            query: Query {
+                symbol: t.symbol.clone(),
+                object: t.object.clone(),
+                offset: t.offset,
+                address: None,
+            },
+            wait_for_symbol: t.duration("wait_for_symbol", &t.wait_for_symbol)?,
+            filters: Filters {
+                tids: t.tid.clone(),
+                when: t.when.clone(),
+                slower_than: t.duration("slower_than", &t.slower_than)?,
+                every: t.every,
+                max_rate: t.rate()?,
+                cooldown: t
+                    .duration("cooldown", &t.cooldown)?
+                    .unwrap_or(Duration::from_millis(100)),
+            },
+            use_uretprobe: t.use_uretprobe,
+            after: t.duration("after", &t.after)?,
+            max_snapshots: t.max_snapshots,
+        });
+    }
+    let s = RunSettings {
+        output: c.output.or_else(|| args.output.clone()),
+        dated_output: true,
+        perf: c.perf.or_else(|| args.perf.clone()),
+        event: c.event.or_else(|| args.event.clone()),
+        freq: c.freq.unwrap_or(args.freq),
+        keep: c.keep.or(args.keep),
+        perf_args: if c.perf_args.is_empty() {
+            args.perf_args.clone()
+        } else {
+            c.perf_args
+        },
+        max_targets: c.max_targets.unwrap_or(args.max_targets),
+    };
+    Ok((s, triggers))
+}
 
 /// Runs a capture; returns the exit code.
 pub async fn run(
@@ -41,88 +169,141 @@ pub async fn run(
     reporter: Arc<Reporter>,
     started: Instant,
 ) -> anyhow::Result<ExitCode> {
+    let (settings, triggers) = match &args.config {
+        Some(path) => from_config(path, &args)?,
+        None => from_cli(&args),
+    };
     // Input that needs no system access first.
-    check_perf_args(&args.perf_args).map_err(Failure::usage)?;
+    check_perf_args(&settings.perf_args).map_err(Failure::usage)?;
     let ring_bytes = args.ring_bytes.unwrap_or(DEFAULT_RING_BYTES);
     if !ring_bytes.is_power_of_two() || ring_bytes < 4096 {
         return Err(Failure::usage("--ring-bytes must be a power of two of at least 4096").into());
     }
-    let filters = Filters {
-        tids: args.tids.clone(),
-        when: args.when.clone(),
-        slower_than: args.slower_than,
-        every: args.every,
-        max_rate: args.max_rate,
-        cooldown: args.cooldown,
-    };
-    trigger_config(&filters, false)?;
-
-    let pid = args.pid.context("--pid is required")?;
-    caps::check(Some(pid))?;
-    let target = target::check(pid)?;
-    let perf_path = perf::find_perf(args.perf.as_deref())?;
+    for t in &triggers {
+        trigger_config(&t.filters, false)?;
+    }
+    for t in &triggers {
+        match &t.watch {
+            WatchArg::Pid(pid) => caps::check(Some(*pid))?,
+            WatchArg::Exe(_) => caps::check(None)?,
+        }
+    }
+    let perf_path = perf::find_perf(settings.perf.as_deref())?;
     perf::perf_version(&perf_path)?;
 
-    let query = Query {
-        symbol: args.symbol.clone(),
-        object: args.object.clone(),
-        offset: args.offset,
-        address: args.address,
-    };
-    let res = symbols::resolve_waiting(pid, &query, args.wait_for_symbol)?;
-    for note in &res.notes {
-        reporter.warning(note);
+    // Resolve every trigger before creating anything.
+    let mut resolved = Vec::new();
+    for t in &triggers {
+        let (res, watch) = match &t.watch {
+            WatchArg::Pid(pid) => {
+                target::check(*pid)?;
+                (
+                    symbols::resolve_waiting(*pid, &t.query, t.wait_for_symbol)?,
+                    Watch::Pid(*pid),
+                )
+            }
+            WatchArg::Exe(path) => {
+                let id = exe_identity(path)?;
+                let res = symbols::resolve_file(path, &t.query)?;
+                (
+                    res,
+                    Watch::Exe {
+                        path: path.clone(),
+                        id,
+                    },
+                )
+            }
+        };
+        for note in &res.notes {
+            reporter.warning(note);
+        }
+        let returns = plan_returns(t, &res, &reporter)?;
+        let cfg = trigger_config(&t.filters, res.is_go)?;
+        resolved.push((res, watch, returns, cfg));
     }
-    let returns = plan_returns(&args, &res, &reporter)?;
-    let cfg = trigger_config(&filters, res.is_go)?;
 
-    let mut output = OutputDir::prepare(
-        &args
-            .output
-            .clone()
-            .unwrap_or_else(|| index::default_output_dir(pid)),
-    )?;
-    let out_dir = output.path.clone();
-    let index = Index::create(&out_dir).map_err(|e| {
-        Failure::usage(format!(
-            "cannot create {} in {}: {e}; give a writable --output",
-            index::INDEX_FILE,
-            out_dir.display()
-        ))
-    })?;
+    // Output directories.
+    let single = args.config.is_none() && matches!(triggers[0].watch, WatchArg::Pid(_));
+    let base = match &settings.output {
+        Some(o) if settings.dated_output => o.join(index::local_timestamp()),
+        Some(o) => o.clone(),
+        None => index::default_output_dir(&match &triggers[0].watch {
+            WatchArg::Pid(pid) => pid.to_string(),
+            WatchArg::Exe(p) => p
+                .file_name()
+                .map_or("exe".into(), |n| n.to_string_lossy().into_owned()),
+        }),
+    };
+    // Checked (and created) now, so a bad --output fails before perf runs;
+    // tidied away on drop if nothing is written into it.
+    let base_dir = OutputDir::prepare(&base)?;
 
     let mut probes = Probes::load(LoadOptions {
         ring_bytes,
         verbose: args.verbose,
     })?;
-    const TRIGGER: u32 = 0;
-    probes.configure(TRIGGER, &cfg)?;
-    let plan = AttachPlan {
-        trigger: TRIGGER,
-        path: res.object.open_path.clone(),
-        pid: Some(pid),
-        entry_offset: res.attach_offset,
-        returns,
-    };
-
-    let event = args
+    let event = settings
         .event
         .clone()
         .unwrap_or_else(|| perf::default_event().to_string());
-    let spec = PerfSpec {
-        perf: perf_path,
-        pid,
-        output: out_dir.join("perf.data"),
-        event: event.clone(),
-        freq: args.freq,
-        keep: args.keep,
-        extra: args.perf_args.clone(),
-    };
-    // From the main thread, which lives as long as the agent: perf's
-    // PR_SET_PDEATHSIG fires when the spawning thread exits.
-    caps::raise_ambient();
-    let perf_spawned = Instant::now();
-    let perf = PerfProcess::spawn(&spec)?;
+    let mut setups = Vec::new();
+    for (i, (t, (res, watch, returns, cfg))) in triggers.iter().zip(resolved).enumerate() {
+        let index = i as u32;
+        probes.configure(index, &cfg)?;
+        let out = if single {
+            base_dir.path.clone()
+        } else {
+            base_dir.path.join(&t.name)
+        };
+        let pid = match watch {
+            Watch::Pid(p) => Some(p),
+            Watch::Exe { .. } => None,
+        };
+        let uprobes = 1 + match &returns {
+            Some(Returns::RetInstructions(v)) => v.len(),
+            Some(Returns::Uretprobe) => 1,
+            None => 0,
+        };
+        setups.push(TriggerSetup {
+            index,
+            plan: AttachPlan {
+                trigger: index,
+                path: res.object.open_path.clone(),
+                pid,
+                entry_offset: res.attach_offset,
+                returns,
+            },
+            policy: Policy {
+                after_ns: t.after.map_or(0, |d| d.as_nanos() as u64),
+                max_snapshots: t.max_snapshots,
+            },
+            armed: Armed {
+                pid,
+                perf_pid: None,
+                exe: match &watch {
+                    Watch::Exe { path, .. } => Some(path.clone()),
+                    Watch::Pid(_) => None,
+                },
+                trigger: index,
+                event: event.clone(),
+                freq: settings.freq,
+                symbol: if res.probe_offset > 0 {
+                    format!("{}+{:#x}", res.function.demangled, res.probe_offset)
+                } else {
+                    res.function.demangled.clone()
+                },
+                object: res.object.path.clone(),
+                attach_offset: res.attach_offset,
+                uprobes,
+                cost: res.cost.clone(),
+                output: out.clone(),
+                time_to_armed_ms: 0.0,
+                perf_ready_ms: 0.0,
+            },
+            out,
+            watch,
+        });
+    }
 
     // Handlers go in before anything can take long, so that a signal is a
     // clean end from here on.
@@ -131,52 +312,36 @@ pub async fn run(
     let mut sighup = signal(SignalKind::hangup())?;
 
     let (events_tx, mut events) = unbounded_channel();
-    let setup = Setup {
-        trigger: TRIGGER,
-        policy: Policy {
-            after_ns: args.after.map_or(0, |d| d.as_nanos() as u64),
-            max_snapshots: args.max_snapshots,
-        },
-        plan,
-        probes,
-        perf,
-        perf_spawned,
-        agent_started: started,
-        index,
-        out_dir: out_dir.clone(),
-        reporter: reporter.clone(),
-        armed: Armed {
-            pid,
-            perf_pid: 0,
-            event,
-            freq: args.freq,
-            symbol: if res.probe_offset > 0 {
-                format!("{}+{:#x}", res.function.demangled, res.probe_offset)
-            } else {
-                res.function.demangled.clone()
+    let handle = driver::spawn(
+        Setup {
+            triggers: setups,
+            probes,
+            perf: PerfSpec {
+                perf: perf_path,
+                pid: 0,
+                output: PathBuf::new(),
+                event,
+                freq: settings.freq,
+                keep: settings.keep,
+                extra: settings.perf_args.clone(),
             },
-            object: res.object.path.clone(),
-            attach_offset: res.attach_offset,
-            uprobes: 0,
-            cost: res.cost.clone(),
-            output: out_dir.clone(),
-            time_to_armed_ms: 0.0,
-            perf_ready_ms: 0.0,
+            max_targets: settings.max_targets as usize,
+            agent_started: started,
+            reporter: reporter.clone(),
+            single,
+            verbose: args.verbose,
+            rt_priority: args.rt_priority,
+            reader_delay: args.debug_reader_delay,
         },
-        verbose: args.verbose,
-        rt_priority: args.rt_priority,
-        reader_delay: args.debug_reader_delay,
-    };
-    let handle = driver::spawn(setup, events_tx)?;
+        events_tx,
+    )?;
 
     let mut deadline: Option<tokio::time::Instant> = None;
-    let mut exec_check = interval(EXEC_CHECK_EVERY);
-    let mut exec_seen = false;
     let outcome = loop {
         tokio::select! {
             ev = events.recv() => match ev {
                 Some(Event::Armed) => {
-                    if let Some(d) = args.duration {
+                    if let Some(d) = args.duration && deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + d);
                     }
                 }
@@ -190,25 +355,9 @@ pub async fn run(
                 deadline = None;
                 handle.send(Command::Stop(EndReason::Duration));
             }
-            _ = exec_check.tick(), if !exec_seen => {
-                if let Some(id) = target::exe_id(pid) && id != target.exe_id {
-                    exec_seen = true;
-                    reporter.warning(&format!(
-                        "pid {pid} exec'd a new image ({}); the probe was bound to the old file \
-                         and no longer fires; ending the run",
-                        std::fs::read_link(format!("/proc/{pid}/exe"))
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_default()
-                    ));
-                    handle.send(Command::Stop(EndReason::Exec));
-                }
-            }
         }
     };
     handle.join();
-    if outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0 {
-        output.keep();
-    }
 
     let code = outcome.failure.as_ref().map_or(ExitCode::Ok, |f| f.code);
     if let Some(f) = &outcome.failure {
@@ -224,21 +373,47 @@ pub async fn run(
         perf_exit: outcome.perf_exit.clone(),
         agent_peak_rss_kib: peak_rss_kib(),
         duration_s: started.elapsed().as_secs_f64(),
-        output: out_dir,
+        output: base_dir.path.clone(),
+        recorders: if single {
+            Vec::new()
+        } else {
+            outcome.recorders.clone()
+        },
+        unrecorded_hits: outcome.unrecorded_hits,
+        extra_processes: outcome.extra_processes,
     });
     Ok(code)
 }
 
+/// (device, inode) of an executable for `--exe`. Errors (exit code 2) when
+/// it is not a file.
+fn exe_identity(path: &Path) -> Result<(u64, u64), Failure> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).map_err(|e| {
+        Failure::usage(format!(
+            "--exe {}: {e}; give the path of an executable",
+            path.display()
+        ))
+    })?;
+    if !m.is_file() {
+        return Err(Failure::usage(format!(
+            "--exe {} is not a file",
+            path.display()
+        )));
+    }
+    Ok((m.dev(), m.ino()))
+}
+
 /// For `--slower-than`: where the returns are probed.
 fn plan_returns(
-    args: &RunArgs,
+    t: &TriggerArgs,
     res: &Resolution,
     reporter: &Reporter,
 ) -> Result<Option<Returns>, Failure> {
-    if args.slower_than.is_none() {
+    if t.filters.slower_than.is_none() {
         return Ok(None);
     }
-    if args.use_uretprobe {
+    if t.use_uretprobe {
         if res.is_go {
             return Err(Failure::usage(
                 "--use-uretprobe is refused on Go binaries: a uretprobe replaces return addresses, \

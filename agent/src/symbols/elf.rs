@@ -257,7 +257,9 @@ pub fn debug_candidates(
     }
     let mut out = Vec::new();
     for p in rel {
-        out.push(crate::target::in_root(pid, &p));
+        if pid > 0 {
+            out.push(crate::target::in_root(pid, &p));
+        }
         out.push(p);
     }
     out.dedup();

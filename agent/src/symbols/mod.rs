@@ -251,6 +251,53 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     finish(pid, view, function, probe_offset)
 }
 
+/// Finds the probe point for `q` in the file `path` itself, with no running
+/// process (`--exe`): `--object`, if given, must be the path of a library to
+/// probe instead. Errors (exit code 2) as for [`resolve`].
+pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
+    use std::os::unix::fs::MetadataExt as _;
+    if q.address.is_some() {
+        return Err(Failure::usage(
+            "--address needs a running process to translate; with --exe, use --symbol and --offset",
+        ));
+    }
+    let file = match &q.object {
+        Some(o) if o.contains('/') => std::path::PathBuf::from(o),
+        Some(o) => {
+            return Err(Failure::usage(format!(
+                "with --exe, --object must be the path of a library (not {o:?}): nothing is mapped yet"
+            )));
+        }
+        None => path.to_path_buf(),
+    };
+    let meta = std::fs::metadata(&file).map_err(|e| {
+        Failure::usage(format!(
+            "{}: {e}; give the path of an executable",
+            file.display()
+        ))
+    })?;
+    let mapped = MappedObject {
+        path: file.clone(),
+        open_path: file.canonicalize().unwrap_or_else(|_| file.clone()),
+        inode: meta.ino(),
+        deleted: false,
+        is_main: true,
+        mappings: Vec::new(),
+    };
+    let Some(view) = View::open(mapped) else {
+        return Err(Failure::usage(format!(
+            "{} is not a 64-bit ELF executable",
+            file.display()
+        )));
+    };
+    let views = [view];
+    let Some(sym) = q.symbol.as_deref() else {
+        return Err(Failure::usage("give --symbol NAME"));
+    };
+    let (v, f) = by_name(0, &views, sym).map_err(Failure::from)?;
+    finish(0, v, f, q.offset.unwrap_or(0)).map_err(Failure::from)
+}
+
 /// Like [`resolve`], but while nothing matches, polls the target's mappings
 /// every 100 ms for up to `wait` (a library still to be dlopen'ed).
 pub fn resolve_waiting(pid: i32, q: &Query, wait: Option<Duration>) -> Result<Resolution, Failure> {
@@ -561,6 +608,13 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     } else {
         format!("in the {} objects pid {pid} has mapped", views.len())
     };
+    if pid <= 0 {
+        return Failure::usage(format!(
+            "no function {query} {scope}; check the name (`nm -C`, or `mt-agent symbols --pid N` \
+             on a running process), or give the library with --object PATH"
+        ))
+        .with_detail(detail);
+    }
     Failure::usage(format!(
         "no function {query} {scope}; check the name (`mt-agent symbols --pid {pid} PATTERN`), \
          or add --wait-for-symbol DURATION if a library that has it is loaded later (dlopen)"
