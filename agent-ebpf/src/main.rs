@@ -41,9 +41,9 @@ mod prog {
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
             bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
-        macros::{map, tracepoint, uprobe, uretprobe},
+        macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, LruHashMap, PerCpuArray, RingBuf},
-        programs::{ProbeContext, RetProbeContext, TracePointContext},
+        programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     };
     use aya_log_ebpf::{debug, warn};
 
@@ -138,10 +138,11 @@ mod prog {
         unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(slot, old, new) }.1
     }
 
-    /// `sched_process_exec`: forward the pid; userspace compares its new
-    /// executable with the `--exe` paths. Attached only in `--exe` mode.
-    #[tracepoint]
-    pub fn mt_exec(_ctx: TracePointContext) -> u32 {
+    /// The `sched_process_exec` raw tracepoint (no tracefs needed): forward
+    /// the pid; userspace compares its new executable with the `--exe`
+    /// paths. Attached only in `--exe` mode.
+    #[raw_tracepoint(tracepoint = "sched_process_exec")]
+    pub fn mt_exec(_ctx: RawTracePointContext) -> i32 {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let _ = EXECS.output::<Exec>(Exec { tgid, _pad: 0 }, 0);
         0

@@ -479,18 +479,10 @@ impl Driver {
                 ));
                 continue;
             }
-            match self.start_recorder(trigger, pid, out.join(pid.to_string())) {
-                Ok(()) => self.s.reporter.target(
-                    pid,
-                    trigger,
-                    "started",
-                    &out.join(pid.to_string()),
-                    None,
-                ),
-                Err(f) => self
-                    .s
+            if let Err(f) = self.start_recorder(trigger, pid, out.join(pid.to_string())) {
+                self.s
                     .reporter
-                    .warning(&format!("pid {pid}: {}", f.message)),
+                    .warning(&format!("pid {pid}: {}", f.message));
             }
         }
     }
@@ -601,11 +593,13 @@ impl Driver {
         };
         let (trigger, pid, perf_pid, ready_after) =
             (r.trigger, r.tgid, r.perf_pid(), r.ready_after());
+        let dir = r.dir.clone();
         if self.stopping.is_some() {
             return;
         }
         let t = self.trigger(trigger);
         if !matches!(t.watch, Watch::Pid(_)) {
+            self.s.reporter.target(pid, trigger, "started", &dir, None);
             return;
         }
         let plan = t.plan.clone();
@@ -666,7 +660,9 @@ impl Driver {
             };
             let key = (hit.trigger, hit.tgid as i32);
             match self.by_target.get(&key).copied() {
-                Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::taking_hits) => {
+                // Ready: the state machine takes it (while stopping, it goes
+                // into the tail).
+                Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::ready) => {
                     let notes = self.slots[slot]
                         .as_mut()
                         .map(|r| r.on_hit(ih.clone(), now))
@@ -677,14 +673,8 @@ impl Driver {
                         self.limit_reached(slot);
                     }
                 }
-                Some(slot) if self.slots[slot].is_some() => {
-                    // perf not ready yet, or stopping: the hit goes into the
-                    // snapshot perf is writing (the tail).
-                    if let Some(r) = self.slots[slot].as_mut() {
-                        r.on_hit(ih.clone(), now);
-                    }
-                    self.s.reporter.hit(&ih);
-                }
+                // perf is starting: nothing records this process yet.
+                Some(_) => self.unrecorded += 1,
                 _ => {
                     self.unrecorded += 1;
                     // A process of a traced executable that we did not see

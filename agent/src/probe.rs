@@ -16,8 +16,8 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        TracePoint, UProbe,
-        trace_point::TracePointLinkId,
+        RawTracePoint, UProbe,
+        raw_trace_point::RawTracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -69,7 +69,7 @@ pub struct Probes {
     ebpf: Ebpf,
     /// (program, trigger, link).
     links: Vec<(&'static str, u32, UProbeLinkId)>,
-    exec_link: Option<TracePointLinkId>,
+    exec_link: Option<RawTracePointLinkId>,
 }
 
 impl Probes {
@@ -163,10 +163,11 @@ impl Probes {
         Ok(())
     }
 
-    /// Loads and attaches `mt_exec` to `sched/sched_process_exec`, which
-    /// forwards every exec'ing pid into the EXECS ring buffer (`--exe`).
+    /// Loads and attaches `mt_exec` to the `sched_process_exec` raw
+    /// tracepoint, which forwards every exec'ing pid into the EXECS ring
+    /// buffer (`--exe`). A raw tracepoint is opened by name: no tracefs.
     pub fn attach_exec_tracepoint(&mut self) -> Result<(), Failure> {
-        let prog: &mut TracePoint = self
+        let prog: &mut RawTracePoint = self
             .ebpf
             .program_mut("mt_exec")
             .and_then(|p| p.try_into().ok())
@@ -174,7 +175,7 @@ impl Probes {
         prog.load()
             .map_err(|e| classify_with(&e, "loading program mt_exec", &[libc::EPERM]))?;
         let link = prog
-            .attach("sched", "sched_process_exec")
+            .attach("sched_process_exec")
             .map_err(|e| classify(&e, "attaching to the sched_process_exec tracepoint"))?;
         self.exec_link = Some(link);
         Ok(())
@@ -201,7 +202,7 @@ impl Probes {
             && let Some(prog) = self
                 .ebpf
                 .program_mut("mt_exec")
-                .and_then(|p| <&mut TracePoint>::try_from(p).ok())
+                .and_then(|p| <&mut RawTracePoint>::try_from(p).ok())
         {
             let _ = prog.detach(link);
         }

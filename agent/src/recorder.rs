@@ -208,9 +208,10 @@ impl Recorder {
         self.ready_at.map(|r| r.duration_since(self.spawned))
     }
 
-    /// Whether perf is ready and the recorder still takes hits.
-    pub fn taking_hits(&self) -> bool {
-        self.ready_at.is_some() && self.reason.is_none()
+    /// Whether perf is ready: from then on, hits go to the state machine
+    /// (before, a SIGUSR2 would be ignored by perf).
+    pub fn ready(&self) -> bool {
+        self.ready_at.is_some()
     }
 
     /// Whether perf has exited (the recorder can be finished).
@@ -271,7 +272,9 @@ impl Recorder {
     pub fn stop(&mut self, reason: EndReason) {
         self.reason.get_or_insert(reason);
         if self.ready_at.is_none() {
+            // perf is not in its main loop yet; it would not read `stop`.
             self.perf.signal(Signal::SIGTERM);
+            self.sent_term = true;
             self.stopping_since.get_or_insert_with(Instant::now);
             return;
         }

@@ -250,7 +250,7 @@ pub async fn run(
     for (i, (t, (res, watch, returns, cfg))) in triggers.iter().zip(resolved).enumerate() {
         let index = i as u32;
         probes.configure(index, &cfg)?;
-        let out = if single {
+        let out = if args.config.is_none() {
             base_dir.path.clone()
         } else {
             base_dir.path.join(&t.name)

@@ -1,0 +1,204 @@
+//! Finding targets without a pid: `--exe` (one recorder per process of an
+//! executable, including processes started later) and `--config` (several
+//! triggers in one agent). Privileged.
+
+use std::{
+    fs,
+    time::{Duration, Instant},
+};
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+fn events(p: &Proc) -> Vec<Value> {
+    p.stdout()
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits for a JSON event satisfying `pred`.
+fn wait_event(agent: &mut Agent, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(e) = events(&agent.proc).into_iter().find(|e| pred(e)) {
+            return e;
+        }
+        assert!(
+            Instant::now() < end && agent.proc.try_status().is_none(),
+            "no {what}; stdout {:?}\nstderr {:?}",
+            agent.proc.stdout(),
+            agent.proc.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn started(pid: i32) -> impl Fn(&Value) -> bool {
+    move |e| e["event"] == "target_started" && e["pid"] == pid
+}
+
+#[test]
+fn exe_records_every_process_of_an_executable() {
+    let bin = target_path("target");
+    let exe = bin.display().to_string();
+    // Two processes before the agent starts...
+    let mut p1 = Target::start(&bin, &["calls", "3", "300"]);
+    let mut p2 = Target::start(&bin, &["calls", "3", "300"]);
+    let mut agent = Agent::start(&[
+        "--exe",
+        &exe,
+        "--symbol",
+        "trigger",
+        "--max-targets",
+        "3",
+        "--json",
+    ]);
+    agent.wait_armed();
+    wait_event(&mut agent, "recorder for p1", started(p1.pid()));
+    wait_event(&mut agent, "recorder for p2", started(p2.pid()));
+    // ...one after it is armed (found through the exec tracepoint)...
+    let mut p3 = Target::start(&bin, &["calls", "3", "300"]);
+    wait_event(&mut agent, "recorder for p3", started(p3.pid()));
+    // ...and a fourth, beyond --max-targets 3.
+    let p4 = Target::start(&bin, &["wait"]);
+    wait_event(&mut agent, "the extra process report", |e| {
+        e["event"] == "warning"
+            && e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("pid {}", p4.pid()))
+    });
+    for p in [&mut p1, &mut p2, &mut p3] {
+        p.go();
+    }
+    for p in [&mut p1, &mut p2, &mut p3] {
+        p.wait(Duration::from_secs(20));
+    }
+    // Each recorder is finalized when its process exits.
+    for p in [&p1, &p2, &p3] {
+        let pid = p.pid();
+        wait_event(&mut agent, "recorder finalized", move |e| {
+            e["event"] == "target_finished" && e["pid"] == pid
+        });
+    }
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().unwrap();
+    assert_eq!(s["extra_processes"], 1, "{s}");
+    let recorders = s["recorders"].as_array().expect("recorders in the summary");
+    assert_eq!(recorders.len(), 3, "{s}");
+    for p in [&p1, &p2, &p3] {
+        let dir = run.out.join(p.pid().to_string());
+        let index = read_index(&dir.join("snapshots.jsonl"));
+        let hits: Vec<&Value> = index.iter().filter(|v| v["kind"] == "hit").collect();
+        assert_eq!(hits.len(), 3, "pid {}: {index:?}", p.pid());
+        assert!(hits.iter().all(|h| h["hits"][0]["tgid"] == p.pid()));
+        assert_eq!(index.last().unwrap()["kind"], "tail");
+        for v in &index {
+            assert!(dir.join(v["file"].as_str().unwrap()).is_file());
+        }
+    }
+    assert!(
+        !run.out.join(p4.pid().to_string()).exists(),
+        "the extra process was recorded"
+    );
+}
+
+#[test]
+fn config_with_two_triggers_on_two_binaries() {
+    preflight();
+    let mut c = Target::start(&target_path("target"), &["calls", "3", "300"]);
+    let mut cpp = Target::start(&target_path("worker"), &["calls", "3", "300"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mt-agent.toml");
+    let out = dir.path().join("runs");
+    fs::write(
+        &config,
+        format!(
+            r#"
+output = "{out}"
+max_targets = 4
+
+[[trigger]]
+name = "c"
+exe = "{c_exe}"
+symbol = "trigger"
+
+[[trigger]]
+name = "cpp"
+pid = {cpp_pid}
+symbol = "ns::Worker::handle(int)"
+cooldown = "50ms"
+"#,
+            out = out.display(),
+            c_exe = target_path("target").display(),
+            cpp_pid = cpp.pid(),
+        ),
+    )
+    .unwrap();
+    let cfg = config.display().to_string();
+    let mut agent = Agent::start(&["--config", &cfg, "--json"]);
+    // Armed twice: the exe trigger at once, the pid trigger once its perf is ready.
+    let end = Instant::now() + Duration::from_secs(20);
+    while events(&agent.proc)
+        .iter()
+        .filter(|e| e["event"] == "armed")
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < end,
+            "{:?} {:?}",
+            agent.proc.stdout(),
+            agent.proc.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_event(&mut agent, "recorder for the C target", started(c.pid()));
+    c.go();
+    cpp.go();
+    c.wait(Duration::from_secs(20));
+    cpp.wait(Duration::from_secs(20));
+    agent.proc.signal(libc::SIGTERM);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    // <output>/<local time>/<trigger name>[/<pid>]
+    let runs: Vec<_> = fs::read_dir(&out).unwrap().flatten().collect();
+    assert_eq!(runs.len(), 1, "one dated run directory");
+    let base = runs[0].path();
+    let c_index = read_index(
+        &base
+            .join("c")
+            .join(c.pid().to_string())
+            .join("snapshots.jsonl"),
+    );
+    let cpp_index = read_index(&base.join("cpp").join("snapshots.jsonl"));
+    let hits = |ix: &[Value]| ix.iter().filter(|v| v["kind"] == "hit").count();
+    assert_eq!(hits(&c_index), 3, "{c_index:?}");
+    assert_eq!(hits(&cpp_index), 3, "{cpp_index:?}");
+    // The C++ trigger saw x = 0, 1, 2 in arg1 (arg0 is `this`).
+    let xs: Vec<u64> = cpp_index
+        .iter()
+        .filter(|v| v["kind"] == "hit")
+        .map(|v| v["hits"][0]["args"][1].as_u64().unwrap())
+        .collect();
+    assert_eq!(xs, [0, 1, 2]);
+}
+
+#[test]
+fn a_bad_config_is_refused_with_a_reason() {
+    preflight();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    fs::write(&config, "[[trigger]]\nsymbol = \"f\"\n").unwrap();
+    let cfg = config.display().to_string();
+    let run = Agent::start(&["--config", &cfg]).finish(FINISH);
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(
+        run.stderr.iter().any(|l| l.contains("exactly one of exe")),
+        "{}",
+        run.output()
+    );
+}
