@@ -850,9 +850,10 @@ fn ms(d: Duration) -> f64 {
 
 /// Puts the calling thread under SCHED_FIFO at `prio`.
 fn set_fifo(prio: i32, reporter: &Reporter) {
-    let param = libc::sched_param {
-        sched_priority: prio,
-    };
+    // Zeroed, then set: musl's sched_param has more fields than glibc's.
+    // SAFETY: sched_param is plain data; all-zero is a valid value.
+    let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+    param.sched_priority = prio;
     // SAFETY: pid 0 is the calling thread; `param` is valid.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
         reporter.warning(&format!(

@@ -3,8 +3,10 @@
 //! * `setup [--with-test-deps]`: install what is missing (idempotent).
 //! * `demo`: the main job on a bundled demo workload.
 //! * `test [FILTER]`: setup, then every test (end-to-end ones one at a time).
+//! * `dist`: the static musl release tarball, reproducibly.
 
 mod demo;
+mod dist;
 mod setup;
 mod test;
 mod util;
@@ -28,11 +30,23 @@ enum Task {
     },
     /// Build in release mode and run mt-agent on the bundled demo workload.
     Demo,
+    /// Build the release tarball: static musl binary, systemd unit, DaemonSet.
+    Dist {
+        /// Build in this target directory (default: the workspace's).
+        #[arg(long)]
+        target_dir: Option<std::path::PathBuf>,
+        /// Put the tarball and SHA256SUMS here (default: dist/).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Run setup, then every test. End-to-end tests run as root (via sudo).
     Test {
         /// Skip setup (it is idempotent, but checks take a few seconds).
         #[arg(long)]
         no_setup: bool,
+        /// Skip the release tests (two clean release builds, ~8 min here).
+        #[arg(long)]
+        skip_release: bool,
         /// Only end-to-end tests whose name contains this.
         filter: Vec<String>,
     },
@@ -43,7 +57,14 @@ fn main() -> std::process::ExitCode {
     let result = match cli.task {
         Task::Setup { with_test_deps } => setup::setup(with_test_deps),
         Task::Demo => demo::demo(),
-        Task::Test { no_setup, filter } => test::test(&filter, no_setup),
+        Task::Test {
+            no_setup,
+            skip_release,
+            filter,
+        } => test::test(&filter, no_setup, skip_release),
+        Task::Dist { target_dir, out } => {
+            dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,23 +1,45 @@
 //! `cargo xtask test`: setup, then every test. Unit tests run in parallel
 //! as the invoking user; the end-to-end tests (mt-agent-tests) need root and
 //! look at system-wide state (loaded programs, perf processes), so they run
-//! one at a time, through `sudo` when we are not root.
+//! one at a time, through `sudo` when we are not root. Last come the release
+//! tests: the release is built twice, each time into its own clean target
+//! directory, to check that it is reproducible and works on a bare system.
 
-use std::time::Instant;
+use std::{path::Path, process::Command, time::Instant};
 
 use crate::{
+    dist::dist,
     setup::setup,
     util::{cargo, is_root, run, target_dir},
 };
 
+/// The end-to-end test files, in the order they run; `dist` needs the
+/// release builds.
+const E2E: &[&str] = &[
+    "bad_input",
+    "capture",
+    "symbols",
+    "conditions",
+    "faults",
+    "fleet",
+];
+
 /// Runs the suite. `filter` is passed to the end-to-end test harness.
-pub fn test(filter: &[String], skip_setup: bool) -> anyhow::Result<()> {
+pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::Result<()> {
     let t0 = Instant::now();
     if !skip_setup {
         setup(true)?;
     }
     // Everything the end-to-end tests run: the agent and the Rust targets.
-    run(cargo().args(["build", "-p", "mt-agent", "-p", "mt-agent-tests", "--bins"]))?;
+    run(cargo().args([
+        "build",
+        "-p",
+        "mt-agent",
+        "-p",
+        "mt-agent-tests",
+        "--bins",
+        "--tests",
+    ]))?;
     // Unprivileged unit tests.
     run(cargo().args([
         "test",
@@ -29,17 +51,55 @@ pub fn test(filter: &[String], skip_setup: bool) -> anyhow::Result<()> {
         "xtask",
     ]))?;
     // Privileged end-to-end tests, one at a time.
-    let mut e2e = cargo();
-    e2e.args(["test", "-p", "mt-agent-tests"]);
-    if !is_root() {
-        e2e.args([
-            "--config",
-            "target.x86_64-unknown-linux-gnu.runner='sudo --preserve-env'",
-        ]);
+    let e2e = |tests: &[&str], env: &[(&str, &Path)]| -> anyhow::Result<()> {
+        let mut c = cargo();
+        c.args(["test", "-p", "mt-agent-tests"]);
+        for t in tests {
+            c.args(["--test", t]);
+        }
+        if !is_root() {
+            c.args([
+                "--config",
+                "target.x86_64-unknown-linux-gnu.runner='sudo --preserve-env'",
+            ]);
+        }
+        c.arg("--").arg("--test-threads=1").args(filter);
+        c.env("MT_AGENT_BIN", target_dir().join("debug").join("mt-agent"));
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        run(&mut c)
+    };
+    e2e(E2E, &[])?;
+    eprintln!(
+        "xtask: end-to-end tests passed after {:.0} s",
+        t0.elapsed().as_secs_f64()
+    );
+    if skip_release {
+        eprintln!("xtask: --skip-release: the release tests (tests/tests/dist.rs) were not run");
+        return Ok(());
     }
-    e2e.arg("--").arg("--test-threads=1").args(filter);
-    e2e.env("MT_AGENT_BIN", target_dir().join("debug").join("mt-agent"));
-    run(&mut e2e)?;
+    let check = target_dir().join("dist-check");
+    let mut tarballs = Vec::new();
+    for side in ["a", "b"] {
+        let dir = check.join(side);
+        if dir.exists() {
+            // A clean target directory each time.
+            run(Command::new("rm").arg("-rf").arg(&dir))?;
+        }
+        tarballs.push(dist(Some(&dir.join("target")), Some(&dir.join("out")))?);
+        eprintln!(
+            "xtask: release build {side} done after {:.0} s",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    e2e(
+        &["dist"],
+        &[
+            ("MT_AGENT_DIST_A", &tarballs[0]),
+            ("MT_AGENT_DIST_B", &tarballs[1]),
+        ],
+    )?;
     eprintln!(
         "xtask: all tests passed in {:.0} s",
         t0.elapsed().as_secs_f64()

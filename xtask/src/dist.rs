@@ -1,0 +1,180 @@
+//! `cargo xtask dist`: a self-contained release for fleets.
+//!
+//! Builds `mt-agent` for `x86_64-unknown-linux-musl` (statically linked, the
+//! eBPF object embedded) and packs `dist/mt-agent-<version>-x86_64-linux-musl.tar.gz`
+//! with the systemd unit, its env file, an example config, the DaemonSet,
+//! README and LICENSE, plus `SHA256SUMS` beside it.
+//!
+//! Reproducible: two runs from the same checkout, each into its own clean
+//! target directory, give the same tarball. Timestamps come from
+//! `SOURCE_DATE_EPOCH` (default: the last commit's time), entries are
+//! sorted, owners are root:root, modes are fixed, the gzip header carries no
+//! time or name, and paths that differ between builds (the workspace, cargo's
+//! home) are remapped in the binary.
+
+use std::{
+    fs::{self, File},
+    io::Write,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    setup::setup,
+    util::{cargo, output, run, workspace},
+};
+
+const TARGET: &str = "x86_64-unknown-linux-musl";
+
+/// Files packed next to the binary: (source in the workspace, name in the
+/// tarball, mode).
+const EXTRA: &[(&str, &str, u32)] = &[
+    ("packaging/mt-agent.service", "mt-agent.service", 0o644),
+    ("packaging/mt-agent.env", "mt-agent.env", 0o644),
+    ("packaging/mt-agent.toml", "mt-agent.toml", 0o644),
+    ("packaging/daemonset.yaml", "daemonset.yaml", 0o644),
+    ("README.md", "README.md", 0o644),
+    ("LICENSE", "LICENSE", 0o644),
+];
+
+/// Builds the release; returns the tarball's path.
+pub fn dist(target_dir: Option<&Path>, out_dir: Option<&Path>) -> anyhow::Result<PathBuf> {
+    setup(false)?;
+    let ws = workspace();
+    let target_dir = target_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(crate::util::target_dir);
+    let out_dir = out_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| ws.join("dist"));
+    let epoch = source_date_epoch()?;
+    let version = env!("CARGO_PKG_VERSION");
+
+    let home = std::env::var("CARGO_HOME")
+        .ok()
+        .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.cargo")))
+        .unwrap_or_default();
+    let remap = [
+        format!("--remap-path-prefix={}=/mt-agent", ws.display()),
+        format!("--remap-path-prefix={home}=/cargo"),
+        format!("--remap-path-prefix={}=/target", target_dir.display()),
+    ];
+    run(cargo()
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            TARGET,
+            "-p",
+            "mt-agent",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("SOURCE_DATE_EPOCH", epoch.to_string())
+        .env("CARGO_ENCODED_RUSTFLAGS", remap.join("\x1f")))?;
+    let bin = target_dir.join(TARGET).join("release").join("mt-agent");
+    check_static(&bin)?;
+
+    let name = format!("mt-agent-{version}-x86_64-linux-musl");
+    fs::create_dir_all(&out_dir)?;
+    let tarball = out_dir.join(format!("{name}.tar.gz"));
+    let mut entries: Vec<(String, PathBuf, u32)> = vec![(format!("{name}/mt-agent"), bin, 0o755)];
+    for (src, dst, mode) in EXTRA {
+        entries.push((format!("{name}/{dst}"), ws.join(src), *mode));
+    }
+    entries.sort();
+    write_tarball(&tarball, &name, &entries, epoch)?;
+
+    let digest = hex(&Sha256::digest(fs::read(&tarball)?));
+    let sums = out_dir.join("SHA256SUMS");
+    fs::write(
+        &sums,
+        format!(
+            "{digest}  {}\n",
+            tarball.file_name().unwrap().to_string_lossy()
+        ),
+    )?;
+    println!("{}", tarball.display());
+    eprintln!("xtask: {digest}  {}", tarball.display());
+    Ok(tarball)
+}
+
+/// `SOURCE_DATE_EPOCH` if set, else the time of the last commit.
+fn source_date_epoch() -> anyhow::Result<u64> {
+    if let Ok(v) = std::env::var("SOURCE_DATE_EPOCH") {
+        return v
+            .trim()
+            .parse()
+            .context("SOURCE_DATE_EPOCH is not a number");
+    }
+    let t = output(
+        Command::new("git")
+            .args(["log", "-1", "--format=%ct"])
+            .current_dir(workspace()),
+    )
+    .context("git log: set SOURCE_DATE_EPOCH outside a git checkout")?;
+    t.trim().parse().context("git log -1 --format=%ct")
+}
+
+/// The binary must not need a dynamic loader.
+fn check_static(bin: &Path) -> anyhow::Result<()> {
+    let data = fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
+    if data.windows(b"ld-linux".len()).any(|w| w == b"ld-linux") {
+        bail!(
+            "{} refers to ld-linux: it is not statically linked",
+            bin.display()
+        );
+    }
+    Ok(())
+}
+
+fn write_tarball(
+    path: &Path,
+    top: &str,
+    entries: &[(String, PathBuf, u32)],
+    epoch: u64,
+) -> anyhow::Result<()> {
+    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    // No file name and a zero time in the gzip header.
+    let gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(file, flate2::Compression::best());
+    let mut tar = tar::Builder::new(gz);
+    tar.mode(tar::HeaderMode::Deterministic);
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_path(format!("{top}/"))?;
+    meta(&mut dir, 0o755, 0, epoch);
+    dir.set_cksum();
+    tar.append(&dir, std::io::empty())?;
+    for (name, src, mode) in entries {
+        let data = fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_path(name)?;
+        meta(&mut h, *mode, data.len() as u64, epoch);
+        h.set_cksum();
+        tar.append(&h, data.as_slice())?;
+    }
+    let gz = tar.into_inner()?;
+    gz.finish()?.flush()?;
+    Ok(())
+}
+
+fn meta(h: &mut tar::Header, mode: u32, size: u64, epoch: u64) {
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_mtime(epoch);
+    h.set_uid(0);
+    h.set_gid(0);
+    let _ = h.set_username("root");
+    let _ = h.set_groupname("root");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
