@@ -43,6 +43,8 @@ fn main() {
     cmd.args(["run", &toolchain, "cargo", "build"])
         .args(["--package", EBPF_PACKAGE, "--bin", EBPF_BIN])
         .args(["--release", "--target", TARGET, "-Z", "build-std=core"])
+        // No unwinding on the BPF target; only this build aborts on panic.
+        .args(["--config", "profile.release.panic=\"abort\""])
         .arg("--target-dir")
         .arg(&target_dir)
         .current_dir(workspace)

@@ -136,6 +136,9 @@ pub const CFG_GO_ABI: u32 = 1;
 /// [`TriggerConfig::flags`]: the entry probe only records the call; the
 /// decision is taken by the return probes (`--slower-than`).
 pub const CFG_AT_RETURN: u32 = 2;
+/// [`TriggerConfig::flags`]: keep filter state per process (an `--exe`
+/// trigger fires in many processes); else one state per trigger.
+pub const CFG_PER_PROCESS: u32 = 8;
 /// [`TriggerConfig::flags`]: the trigger is in use. A hit whose cookie points
 /// at a slot without this flag is ignored.
 pub const CFG_ENABLED: u32 = 4;

@@ -30,9 +30,9 @@ mod prog {
     };
 
     use agent_common::{
-        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, Counter, DEFAULT_RING_BYTES, Exec, Frame, FrameKey,
-        FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_STATES, MAX_TIDS, MAX_TRIGGERS,
-        NARGS, NCOUNTERS, StateKey, TriggerConfig, TriggerState,
+        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, CFG_PER_PROCESS, Counter, DEFAULT_RING_BYTES, Exec,
+        Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_STATES,
+        MAX_TIDS, MAX_TRIGGERS, NARGS, NCOUNTERS, StateKey, TriggerConfig, TriggerState,
     };
     use aya_ebpf::{
         EbpfContext,
@@ -51,8 +51,12 @@ mod prog {
     #[map]
     static CONFIG: Array<TriggerConfig> = Array::with_max_entries(MAX_TRIGGERS, 0);
 
-    /// Mutable filter state per trigger and process (`--every`, `--max-rate`,
-    /// cooldown).
+    /// Mutable filter state per trigger (`--every`, `--max-rate`, cooldown)
+    /// for triggers that trace one process.
+    #[map]
+    static ONE_STATE: Array<TriggerState> = Array::with_max_entries(MAX_TRIGGERS, 0);
+
+    /// The same, per trigger and process, for `--exe` triggers.
     #[map]
     static STATE: LruHashMap<StateKey, TriggerState> = LruHashMap::with_max_entries(MAX_STATES, 0);
 
@@ -92,6 +96,13 @@ mod prog {
     #[uprobe]
     pub fn mt_entry(ctx: ProbeContext) -> u32 {
         on_entry(&ctx, ctx.regs);
+        0
+    }
+
+    /// The benchmark's floor: a uprobe program that returns at once. Used
+    /// only by `cargo xtask bench`, to measure what any uprobe costs here.
+    #[uprobe]
+    pub fn mt_floor(_ctx: ProbeContext) -> u32 {
         0
     }
 
@@ -254,13 +265,48 @@ mod prog {
         true
     }
 
-    /// Takes the slot if `now` is at or past its deadline, moving the
+    /// The filter state of a trigger: one slot per trigger for a `--pid`
+    /// trigger (an array lookup, which the verifier inlines), or one per
+    /// trigger and process for an `--exe` trigger (LRU hash).
+    #[inline(always)]
+    fn state_of(trigger: u32, cfg: &TriggerConfig, tgid: u32) -> Option<*mut TriggerState> {
+        if cfg.flags & CFG_PER_PROCESS == 0 {
+            return ONE_STATE.get_ptr_mut(trigger);
+        }
+        let key = StateKey { trigger, tgid };
+        if let Some(s) = STATE.get_ptr_mut(&key) {
+            return Some(s);
+        }
+        // Two CPUs may race to create it: NOEXIST lets one win, and both then
+        // use the same slot.
+        let _ = STATE.insert(&key, &TriggerState::default(), BPF_NOEXIST as u64);
+        STATE.get_ptr_mut(&key)
+    }
+
+    /// CLOCK_MONOTONIC, read at most once per hit and only when needed.
+    /// (`bpf_ktime_get_coarse_ns` would be cheaper, but uprobe programs may
+    /// not call it: it is not NMI-safe.)
+    struct Clock(u64);
+
+    impl Clock {
+        #[inline(always)]
+        fn now(&mut self) -> u64 {
+            if self.0 == 0 {
+                // SAFETY: helper without arguments.
+                self.0 = unsafe { bpf_ktime_get_ns() };
+            }
+            self.0
+        }
+    }
+
+    /// Takes the slot if the time is at or past its deadline, moving the
     /// deadline to `now + interval_ns`. A compare-exchange makes this exact
     /// when two CPUs try at the same instant: only one wins.
     #[inline(always)]
-    fn claim(slot: *mut u64, now: u64, interval_ns: u64) -> bool {
+    fn claim(slot: *mut u64, clock: &mut Clock, interval_ns: u64) -> bool {
         // SAFETY: `slot` points into a map value that lives as long as the map.
         let next = unsafe { core::ptr::read_volatile(slot) };
+        let now = clock.now();
         if now < next {
             return false;
         }
@@ -268,65 +314,82 @@ mod prog {
         unsafe { compare_exchange(slot, next, now + interval_ns) }
     }
 
-    /// The part of the chain shared by entry and return: every, rate,
-    /// cooldown, then the ring buffer.
+    /// The filters shared by entry and return, in order: every, rate,
+    /// cooldown. Bumps the counter of the filter that drops the hit.
     #[inline(always)]
-    fn accept<C: EbpfContext>(ctx: &C, trigger: u32, cfg: &TriggerConfig, hit: &Hit) {
-        let key = StateKey {
-            trigger,
-            tgid: hit.tgid,
+    fn gates(trigger: u32, cfg: &TriggerConfig, tgid: u32, clock: &mut Clock) -> bool {
+        if cfg.every <= 1 && cfg.rate_interval_ns == 0 && cfg.cooldown_ns == 0 {
+            return true;
+        }
+        let Some(state) = state_of(trigger, cfg, tgid) else {
+            return false;
         };
-        let state = match STATE.get_ptr_mut(&key) {
-            Some(s) => s,
-            None => {
-                // Two CPUs may race to create it: NOEXIST lets one win, and
-                // both then use the same slot.
-                let _ = STATE.insert(&key, &TriggerState::default(), BPF_NOEXIST as u64);
-                match STATE.get_ptr_mut(&key) {
-                    Some(s) => s,
-                    None => return,
-                }
-            }
-        };
-        let now = hit.ktime_ns;
         if cfg.every > 1 {
             // SAFETY: `state` is a valid map value pointer.
             let n = unsafe { fetch_add(&raw mut (*state).every_count, 1) } + 1;
             if n % cfg.every != 0 {
                 bump(trigger, Counter::DropEvery);
-                return;
+                return false;
             }
         }
         // SAFETY: `state` is a valid map value pointer.
         if cfg.rate_interval_ns > 0
             && !claim(
                 unsafe { &raw mut (*state).rate_next_ns },
-                now,
+                clock,
                 cfg.rate_interval_ns,
             )
         {
             bump(trigger, Counter::DropRate);
-            return;
+            return false;
         }
         // SAFETY: `state` is a valid map value pointer.
         if cfg.cooldown_ns > 0
             && !claim(
                 unsafe { &raw mut (*state).cooldown_next_ns },
-                now,
+                clock,
                 cfg.cooldown_ns,
             )
         {
             bump(trigger, Counter::DropCooldown);
-            return;
+            return false;
         }
+        true
+    }
+
+    /// An accepted hit: written straight into a ring-buffer reservation, so
+    /// nothing is built for hits the filters drop.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn emit<C: EbpfContext>(
+        ctx: &C,
+        trigger: u32,
+        pid_tgid: u64,
+        now: u64,
+        args: &[u64; NARGS],
+        duration_ns: u64,
+        retval: u64,
+        flags: u64,
+    ) {
         bump(trigger, Counter::Accepted);
         match HITS.reserve::<Hit>(0) {
             Some(mut entry) => {
-                entry.write(*hit);
+                entry.write(Hit {
+                    ktime_ns: now,
+                    tgid: (pid_tgid >> 32) as u32,
+                    tid: pid_tgid as u32,
+                    // SAFETY: helper without arguments.
+                    cpu: unsafe { bpf_get_smp_processor_id() },
+                    trigger,
+                    args: *args,
+                    duration_ns,
+                    retval,
+                    flags,
+                });
                 entry.submit(0);
                 debug!(
                     ctx,
-                    "mt-agent: hit accepted, trigger {} tid {}", trigger, hit.tid
+                    "mt-agent: hit accepted, trigger {} tid {}", trigger, pid_tgid as u32
                 );
             }
             None => {
@@ -336,22 +399,6 @@ mod prog {
                     "mt-agent: ring buffer full, hit lost, trigger {}", trigger
                 );
             }
-        }
-    }
-
-    #[inline(always)]
-    fn new_hit(trigger: u32, pid_tgid: u64, now: u64, args: [u64; NARGS]) -> Hit {
-        Hit {
-            ktime_ns: now,
-            tgid: (pid_tgid >> 32) as u32,
-            tid: pid_tgid as u32,
-            // SAFETY: helper without arguments.
-            cpu: unsafe { bpf_get_smp_processor_id() },
-            trigger,
-            args,
-            duration_ns: 0,
-            retval: 0,
-            flags: 0,
         }
     }
 
@@ -380,22 +427,49 @@ mod prog {
             bump(trigger, Counter::DropTid);
             return None;
         }
-        let regs = load_regs(regs);
         let go_abi = cfg.flags & CFG_GO_ABI != 0;
-        let args = read_args(&regs, go_abi);
+        if cfg.flags & CFG_AT_RETURN != 0 {
+            return remember_call(trigger, cfg, pid_tgid, &load_regs(regs), go_abi);
+        }
+        // The registers are read only when a condition needs them; a hit the
+        // cooldown drops reads none.
+        let mut args = [0u64; NARGS];
+        if cfg.n_conds > 0 {
+            args = read_args(&load_regs(regs), go_abi);
+            if !when_ok(cfg, &args) {
+                bump(trigger, Counter::DropWhen);
+                return None;
+            }
+        }
+        let mut clock = Clock(0);
+        if !gates(trigger, cfg, (pid_tgid >> 32) as u32, &mut clock) {
+            return None;
+        }
+        if cfg.n_conds == 0 {
+            args = read_args(&load_regs(regs), go_abi);
+        }
+        emit(ctx, trigger, pid_tgid, clock.now(), &args, 0, 0, 0);
+        Some(())
+    }
+
+    /// `--slower-than`, at entry: check `--when`, then remember the call on
+    /// the thread's (goroutine's) frame stack; the return probe decides.
+    #[inline(always)]
+    fn remember_call(
+        trigger: u32,
+        cfg: &TriggerConfig,
+        pid_tgid: u64,
+        regs: &Regs,
+        go_abi: bool,
+    ) -> Option<()> {
+        let args = read_args(regs, go_abi);
         if !when_ok(cfg, &args) {
             bump(trigger, Counter::DropWhen);
             return None;
         }
         // SAFETY: helper without arguments.
         let now = unsafe { bpf_ktime_get_ns() };
-        if cfg.flags & CFG_AT_RETURN == 0 {
-            accept(ctx, trigger, cfg, &new_hit(trigger, pid_tgid, now, args));
-            return Some(());
-        }
-
-        // --slower-than: remember the call; the return probe decides.
-        let Some((id, pos)) = frame_position(&regs, go_abi, pid_tgid) else {
+        let Some((id, pos)) = frame_position(regs, go_abi, pid_tgid) else {
             bump(trigger, Counter::DropNoReturn);
             return None;
         };
@@ -495,11 +569,20 @@ mod prog {
             bump(trigger, Counter::DropDuration);
             return None;
         }
-        let mut hit = new_hit(trigger, pid_tgid, now, frame.args);
-        hit.duration_ns = duration_ns;
-        hit.retval = regs.rax;
-        hit.flags = HIT_AT_RETURN;
-        accept(ctx, trigger, cfg, &hit);
+        let mut clock = Clock(now);
+        if !gates(trigger, cfg, (pid_tgid >> 32) as u32, &mut clock) {
+            return None;
+        }
+        emit(
+            ctx,
+            trigger,
+            pid_tgid,
+            now,
+            &frame.args,
+            duration_ns,
+            regs.rax,
+            HIT_AT_RETURN,
+        );
         Some(())
     }
 }

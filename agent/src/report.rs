@@ -93,6 +93,8 @@ pub struct Summary {
     pub perf_exit: Option<String>,
     /// Agent's peak RSS (VmHWM), KiB.
     pub agent_peak_rss_kib: Option<u64>,
+    /// Agent's CPU time (user + system, all threads), seconds.
+    pub agent_cpu_s: f64,
     /// Run time, seconds.
     pub duration_s: f64,
     pub output: PathBuf,

@@ -218,7 +218,12 @@ pub async fn run(
             reporter.warning(note);
         }
         let returns = plan_returns(t, &res, &reporter)?;
-        let cfg = trigger_config(&t.filters, res.is_go)?;
+        let mut cfg = trigger_config(&t.filters, res.is_go)?;
+        if matches!(watch, Watch::Exe { .. }) {
+            // Many processes fire this trigger: each keeps its own cooldown,
+            // rate and count.
+            cfg.flags |= agent_common::CFG_PER_PROCESS;
+        }
         resolved.push((res, watch, returns, cfg));
     }
 
@@ -372,6 +377,7 @@ pub async fn run(
         perf_cpu_s: outcome.perf_cpu.map(|d| d.as_secs_f64()),
         perf_exit: outcome.perf_exit.clone(),
         agent_peak_rss_kib: peak_rss_kib(),
+        agent_cpu_s: own_cpu_seconds(),
         duration_s: started.elapsed().as_secs_f64(),
         output: base_dir.path.clone(),
         recorders: if single {
@@ -463,6 +469,16 @@ fn plan_returns(
         ));
     }
     Ok(Some(Returns::RetInstructions(offsets)))
+}
+
+/// CPU time this process has used (user + system, all threads), seconds.
+fn own_cpu_seconds() -> f64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(0.0)
 }
 
 /// The agent's peak resident set size (VmHWM), KiB.

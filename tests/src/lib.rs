@@ -71,10 +71,14 @@ pub fn agent_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("MT_AGENT_BIN") {
         return PathBuf::from(p);
     }
-    // target/debug/deps/<test> -> target/debug/mt-agent
+    // A binary of this crate sits next to mt-agent (target/debug/bench); a
+    // test binary one level down (target/debug/deps/<test>).
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
+    let dir = exe.parent().expect("exe dir");
+    if dir.join("mt-agent").is_file() {
+        return dir.join("mt-agent");
+    }
+    dir.parent()
         .map(|d| d.join("mt-agent"))
         .expect("target dir")
 }

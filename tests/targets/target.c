@@ -8,7 +8,7 @@
  *   target loop N SPIN_US        N calls of trigger(i), spinning SPIN_US between
  *   target threads T GAP_MS      T threads; thread k calls trigger(k) at k*GAP_MS
  *   target tids T N GAP_MS       T threads each call trigger(k) N times, GAP_MS apart; prints tids
- *   target storm SECONDS         trigger(i) as fast as possible for SECONDS
+ *   target storm SECONDS [FN]    FN(i) (default trigger) as fast as possible for SECONDS
  *   target slow N                f_slow(i) for i in 0..N; i in {10,20,30} sleep 10 ms
  *   target slowrec N             the same through a recursive f_rec
  *   target slowthreads T N       slow on T threads at once
@@ -17,8 +17,8 @@
  *   target exec PATH...          execs PATH after the go signal
  *   target churn N               creates and joins N short threads, calling trigger now and then
  *   target wait                  waits until killed
- *   target stamp N GAP_MS        trigger(CLOCK_MONOTONIC ns) N times, GAP_MS apart (latency)
- *   target bench FN N            calls FN (push|nop5|step|trigger) N times; prints ns per call
+ *   target stamp N GAP_MS [FN]   FN(CLOCK_MONOTONIC ns) N times, GAP_MS apart; prints each stamp
+ *   target bench FN N REPS       REPS times: FN (push|nop5|step|trigger) N times; prints ns per call
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -151,6 +151,14 @@ static void *thread_short(void *arg) {
   return NULL;
 }
 
+/* The trigger functions by short name: push, nop5, step, or trigger. */
+static void (*pick(const char *name))(long) {
+  if (!strcmp(name, "push")) return trigger_push;
+  if (!strcmp(name, "nop5")) return trigger_nop5;
+  if (!strcmp(name, "step")) return trigger_step;
+  return trigger;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: target MODE ...\n");
@@ -189,12 +197,13 @@ int main(int argc, char **argv) {
     for (long k = 0; k < a && k < 64; k++) pthread_create(&t[k], NULL, thread_tids, (void *)k);
     for (long k = 0; k < a && k < 64; k++) pthread_join(t[k], NULL);
   } else if (!strcmp(mode, "storm")) {
-    uint64_t end = now_ns() + (uint64_t)a * 1000000000ull, n = 0;
+    void (*fn)(long) = argc > 3 ? pick(argv[3]) : trigger;
+    uint64_t t0 = now_ns(), end = t0 + (uint64_t)a * 1000000000ull, n = 0;
     while (1) {
-      for (int k = 0; k < 1000; k++) trigger((long)n++);
+      for (int k = 0; k < 1000; k++) fn((long)n++);
       if (now_ns() >= end) break;
     }
-    printf("calls %llu\n", (unsigned long long)n);
+    printf("calls %llu in %.3f s\n", (unsigned long long)n, (double)(now_ns() - t0) / 1e9);
   } else if (!strcmp(mode, "slow")) {
     for (long i = 0; i < a; i++) f_slow(i);
   } else if (!strcmp(mode, "slowrec")) {
@@ -237,22 +246,25 @@ int main(int argc, char **argv) {
   } else if (!strcmp(mode, "wait")) {
     for (;;) pause();
   } else if (!strcmp(mode, "stamp")) {
+    void (*fn)(long) = argc > 4 ? pick(argv[4]) : trigger;
     for (long i = 0; i < a; i++) {
       burn_ms(b / 2);
-      trigger((long)now_ns());
+      uint64_t t = now_ns();
+      fn((long)t);
+      printf("stamp %llu\n", (unsigned long long)t);
+      fflush(stdout);
       sleep_ms(b - b / 2);
     }
   } else if (!strcmp(mode, "bench")) {
-    void (*fn)(long) = trigger;
-    const char *name = argv[2];
-    long n = b;
-    if (!strcmp(name, "push")) fn = trigger_push;
-    else if (!strcmp(name, "nop5")) fn = trigger_nop5;
-    else if (!strcmp(name, "step")) fn = trigger_step;
-    uint64_t t0 = now_ns();
-    for (long i = 0; i < n; i++) fn(i);
-    uint64_t t1 = now_ns();
-    printf("ns_per_call %.3f\n", (double)(t1 - t0) / (double)n);
+    void (*fn)(long) = pick(argv[2]);
+    long n = b, reps = c > 0 ? c : 1;
+    for (long r = 0; r < reps; r++) {
+      uint64_t t0 = now_ns();
+      for (long i = 0; i < n; i++) fn(i);
+      uint64_t t1 = now_ns();
+      printf("ns_per_call %.3f\n", (double)(t1 - t0) / (double)n);
+      fflush(stdout);
+    }
   } else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;

@@ -1,0 +1,935 @@
+//! The benchmark harness behind `cargo xtask bench`: mt-agent side by side
+//! with the floor (an empty uprobe program, attached here through aya),
+//! perf's own trigger (`perf probe` + `--switch-output-event`) and
+//! magic-trace's mechanism (a hardware breakpoint), on the same target in
+//! one run. Prints Markdown tables and writes every raw figure as JSON.
+//!
+//! `bench [--quick] [--out FILE]`. Needs root. MT_AGENT_BIN names the agent.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Ebpf,
+    programs::{UProbe, uprobe::UProbeScope},
+};
+use mt_agent_tests::*;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use serde_json::{Value, json};
+
+/// How much of everything to run.
+struct Plan {
+    quick: bool,
+    /// Calls per repetition for emulated/nop5 and for single-stepped triggers.
+    n_fast: u64,
+    n_step: u64,
+    reps: usize,
+    stamps: u64,
+    storm_s: u64,
+    armed_runs: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                quick,
+                n_fast: 200_000,
+                n_step: 5_000,
+                reps: 1,
+                stamps: 8,
+                storm_s: 2,
+                armed_runs: 2,
+            }
+        } else {
+            Plan {
+                quick,
+                n_fast: 2_000_000,
+                n_step: 100_000,
+                reps: 5,
+                stamps: 50,
+                storm_s: 10,
+                armed_runs: 5,
+            }
+        }
+    }
+}
+
+const FUNCS: [(&str, &str, &str); 3] = [
+    ("push", "trigger_push", "push rbp (emulated)"),
+    ("nop5", "trigger_nop5", "nop5 (optimized)"),
+    ("step", "trigger_step", "mov rip-relative (single-stepped)"),
+];
+
+const SETUPS: [&str; 5] = ["none", "floor", "mt-agent", "perf-event", "hw-breakpoint"];
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+    preflight();
+    let plan = Plan::new(quick);
+    let started = Instant::now();
+    let _tracefs = Tracefs::ensure();
+    let _stats = BpfStats::enable();
+    let object = ebpf_object();
+    eprintln!(
+        "bench: agent {}, eBPF object {}",
+        agent_bin().display(),
+        object.display()
+    );
+
+    let overhead = overhead(&plan, &object);
+    let latency = latency(&plan);
+    let storm = storm(&plan);
+    let armed = time_to_armed(&plan);
+
+    let report = json!({
+        "date": chrono_date(),
+        "quick": plan.quick,
+        "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "perf": Command::new(perf_bin().unwrap()).arg("version").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
+        "agent": agent_bin(),
+        "overhead": overhead,
+        "latency": latency,
+        "storm": storm,
+        "time_to_armed": armed,
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    print_tables(&report);
+    if let Some(out) = out {
+        if let Some(d) = out.parent() {
+            let _ = fs::create_dir_all(d);
+        }
+        fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).expect("write the JSON");
+        eprintln!("bench: raw figures in {}", out.display());
+    }
+    eprintln!("bench: done in {:.0} s", started.elapsed().as_secs_f64());
+}
+
+fn chrono_date() -> String {
+    let out = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The eBPF object the agent embeds, from the agent's build directory.
+fn ebpf_object() -> PathBuf {
+    if let Some(p) = std::env::var_os("MT_AGENT_EBPF_OBJECT") {
+        return PathBuf::from(p);
+    }
+    let build = agent_bin().parent().unwrap().join("build");
+    fs::read_dir(&build)
+        .expect("the agent's build directory")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("mt-agent-"))
+        .map(|e| e.path().join("out/mt-agent-ebpf"))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("mt-agent-ebpf in the agent's build directory (build mt-agent first)")
+}
+
+/// Mounts tracefs for `perf probe` if it is not mounted; unmounts on drop.
+struct Tracefs(bool);
+
+impl Tracefs {
+    fn ensure() -> Tracefs {
+        if Path::new("/sys/kernel/tracing/uprobe_events").exists() {
+            return Tracefs(false);
+        }
+        let ok = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "cannot mount tracefs at /sys/kernel/tracing (perf probe needs it)"
+        );
+        Tracefs(true)
+    }
+}
+
+impl Drop for Tracefs {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
+        }
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s[s.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn pcts(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    json!({"n": v.len(), "p50": percentile(&v, 50.0), "p90": percentile(&v, 90.0), "p99": percentile(&v, 99.0), "max": v.last().copied().unwrap_or(f64::NAN), "raw": v})
+}
+
+/// A perf process driven through `--control fifo:ctl,ack`.
+struct PerfProc {
+    child: Child,
+    dir: TempDir,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl PerfProc {
+    /// Spawns `perf ARGS --control fifo:CTL,ACK` and waits for its ping ack.
+    fn start(args: &[String]) -> PerfProc {
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = dir.path().join("ctl");
+        let ack = dir.path().join("ack");
+        for f in [&ctl, &ack] {
+            nix::unistd::mkfifo(f, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        }
+        let mut child = Command::new(perf_bin().unwrap())
+            .args(args)
+            .arg("--control")
+            .arg(format!("fifo:{},{}", ctl.display(), ack.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("perf");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let err = child.stderr.take().unwrap();
+        let s2 = stderr.clone();
+        thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                s2.lock().unwrap().push(l);
+            }
+        });
+        // Opening a fifo blocks until the other side opens it: do it in
+        // threads, with a timeout on the ack.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (c2, a2) = (ctl.clone(), ack.clone());
+        thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut c = fs::OpenOptions::new().write(true).open(&c2).unwrap();
+            let mut a = fs::File::open(&a2).unwrap();
+            let _ = c.write_all(b"ping\n");
+            let mut buf = [0u8; 5];
+            let _ = a.read_exact(&mut buf);
+            let _ = tx.send(());
+            // Keep the fifos open while perf runs.
+            thread::sleep(Duration::from_secs(3600));
+        });
+        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            eprintln!(
+                "bench: perf did not ack ping; stderr {:?}",
+                stderr.lock().unwrap()
+            );
+        }
+        PerfProc { child, dir, stderr }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for perf to end (it ends when the target does), or stops it.
+    fn finish(mut self) -> (Vec<String>, Option<f64>, TempDir) {
+        let end = Instant::now() + Duration::from_secs(15);
+        let mut cpu = None;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            cpu = cpu_seconds(self.pid()).or(cpu);
+            if Instant::now() > end {
+                // SAFETY: plain kill(2) of our child.
+                unsafe { libc::kill(self.pid(), libc::SIGINT) };
+                let _ = self.child.wait();
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        thread::sleep(Duration::from_millis(50));
+        let lines = self.stderr.lock().unwrap().clone();
+        (lines, cpu, self.dir)
+    }
+}
+
+/// CPU seconds (user + system) from /proc/PID/stat.
+fn cpu_seconds(pid: i32) -> Option<f64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// `perf probe -x BIN FUNC`, deleted on drop.
+struct PerfProbe(String);
+
+impl PerfProbe {
+    fn add(bin: &Path, func: &str) -> PerfProbe {
+        let group = format!("probe_{}", bin.file_name().unwrap().to_string_lossy());
+        let event = format!("{group}:{func}");
+        let _ = Command::new(perf_bin().unwrap())
+            .args(["probe", "-q", "-d", &event])
+            .output();
+        let out = Command::new(perf_bin().unwrap())
+            .args(["probe", "-q", "-x"])
+            .arg(bin)
+            .arg(func)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "perf probe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PerfProbe(event)
+    }
+}
+
+impl Drop for PerfProbe {
+    fn drop(&mut self) {
+        let _ = Command::new(perf_bin().unwrap())
+            .args(["probe", "-q", "-d", &self.0])
+            .output();
+    }
+}
+
+/// The floor: `mt_floor` (returns at once) attached through aya.
+struct Floor(#[allow(dead_code)] Ebpf);
+
+impl Floor {
+    fn attach(object: &Path, pid: i32, bin: &Path, func: &str) -> Floor {
+        let data = fs::read(object).unwrap();
+        let mut ebpf = Ebpf::load(&data).expect("load the eBPF object");
+        let prog: &mut UProbe = ebpf
+            .program_mut("mt_floor")
+            .expect("mt_floor")
+            .try_into()
+            .unwrap();
+        prog.load().expect("load mt_floor");
+        prog.attach(
+            func,
+            bin,
+            UProbeScope::OneProcess(std::num::NonZeroU32::new(pid as u32).unwrap()),
+        )
+        .expect("attach mt_floor");
+        Floor(ebpf)
+    }
+}
+
+/// Turns on `kernel.bpf_stats_enabled` (each program's run time and run
+/// count) for the bench; restores the old value on drop.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> BpfStats {
+        let old =
+            fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_else(|_| "0".into());
+        let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+        BpfStats(old.trim().to_string())
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
+/// (total run time ns, run count) of the loaded programs named `name`.
+fn program_stats(name: &str) -> (u64, u64) {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str() == Some(name))
+        .fold((0, 0), |(t, c), p| {
+            (t + p.run_time().as_nanos() as u64, c + p.run_count())
+        })
+}
+
+/// The runtime address of a function in a process, from `mt-agent symbols`.
+fn runtime_address(pid: i32, func: &str) -> u64 {
+    let out = Command::new(agent_bin())
+        .args(["symbols", "--pid", &pid.to_string(), func, "--json"])
+        .output()
+        .unwrap();
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("symbols --json");
+    rows.iter()
+        .find(|r| r["mangled"] == func)
+        .and_then(|r| r["address"].as_u64())
+        .expect("address")
+}
+
+/// The record arguments mt-agent gives perf, for the floor.
+fn record_args(pid: i32, dir: &Path) -> Vec<String> {
+    vec![
+        "record".into(),
+        "-p".into(),
+        pid.to_string(),
+        "--switch-output=signal".into(),
+        "-o".into(),
+        dir.join("perf.data").display().to_string(),
+        "-e".into(),
+        "cpu-clock".into(),
+        "-F".into(),
+        "999".into(),
+        "-g".into(),
+        "-k".into(),
+        "CLOCK_MONOTONIC".into(),
+    ]
+}
+
+/// One target run under one setup: ns per call for each repetition, and
+/// how many probe hits the setup counted (to check it was live).
+fn bench_run(
+    plan: &Plan,
+    object: &Path,
+    short: &str,
+    func: &str,
+    setup: &str,
+) -> (Vec<f64>, Option<u64>, Option<f64>) {
+    let bin = target_path("target_bench");
+    let n = if short == "step" {
+        plan.n_step
+    } else {
+        plan.n_fast
+    };
+    let mut t = Target::start(
+        &bin,
+        &["bench", short, &n.to_string(), &plan.reps.to_string()],
+    );
+    let pid = t.pid();
+    let rec_dir = tempfile::tempdir().unwrap();
+    let mut agent = None;
+    let mut perf = None;
+    let mut _floor = None;
+    let mut _probe = None;
+    match setup {
+        "none" => {}
+        "floor" => {
+            perf = Some(PerfProc::start(&record_args(pid, rec_dir.path())));
+            _floor = Some(Floor::attach(object, pid, &bin, func));
+        }
+        "mt-agent" => {
+            let p = pid.to_string();
+            let mut a =
+                Agent::start(&["--pid", &p, "--symbol", func, "--cooldown", "1s", "--json"]);
+            a.wait_armed();
+            agent = Some(a);
+        }
+        "perf-event" => {
+            let probe = PerfProbe::add(&bin, func);
+            perf = Some(PerfProc::start(&[
+                "stat".into(),
+                "-x".into(),
+                ",".into(),
+                "-e".into(),
+                probe.0.clone(),
+                "-p".into(),
+                pid.to_string(),
+            ]));
+            _probe = Some(probe);
+        }
+        "hw-breakpoint" => {
+            let addr = runtime_address(pid, func);
+            perf = Some(PerfProc::start(&[
+                "stat".into(),
+                "-x".into(),
+                ",".into(),
+                "-e".into(),
+                format!("mem:{addr:#x}:x"),
+                "-p".into(),
+                pid.to_string(),
+            ]));
+        }
+        _ => unreachable!(),
+    }
+    t.go();
+    // The program's own run time per hit, read before the target exits
+    // (it idles 200 ms after its loop) and the probe goes.
+    let prog = match setup {
+        "floor" => Some("mt_floor"),
+        "mt-agent" => Some("mt_entry"),
+        _ => None,
+    };
+    let mut prog_ns = None;
+    if let Some(name) = prog {
+        let want = plan.reps;
+        let end = Instant::now() + Duration::from_secs(600);
+        while t
+            .proc
+            .stdout()
+            .iter()
+            .filter(|l| l.starts_with("ns_per_call"))
+            .count()
+            < want
+            && Instant::now() < end
+        {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let (time, count) = program_stats(name);
+        prog_ns = (count > 0).then(|| time as f64 / count as f64);
+    }
+    t.wait(Duration::from_secs(600));
+    let ns: Vec<f64> = t
+        .proc
+        .stdout()
+        .iter()
+        .filter_map(|l| l.strip_prefix("ns_per_call ").and_then(|v| v.parse().ok()))
+        .collect();
+    let mut hits = None;
+    if let Some(a) = agent {
+        let run = a.finish(FINISH);
+        hits = run.summary().and_then(|s| s["counters"]["seen"].as_u64());
+    }
+    if let Some(p) = perf {
+        let (lines, _, _) = p.finish();
+        // perf stat -x, prints "COUNT,,EVENT,..."
+        hits = lines
+            .iter()
+            .find_map(|l| l.split(',').next().and_then(|c| c.trim().parse().ok()))
+            .or(hits);
+    }
+    (ns, hits, prog_ns)
+}
+
+fn overhead(plan: &Plan, object: &Path) -> Value {
+    let mut rows = Vec::new();
+    for (short, func, what) in FUNCS {
+        let mut row = json!({"function": func, "first_instruction": what});
+        let mut none = f64::NAN;
+        for setup in SETUPS {
+            let (ns, hits, prog_ns) = bench_run(plan, object, short, func, setup);
+            let med = median(&ns);
+            if setup == "none" {
+                none = med;
+            }
+            let calls = if short == "step" {
+                plan.n_step
+            } else {
+                plan.n_fast
+            } * plan.reps as u64;
+            eprintln!(
+                "bench: overhead {func:<13} {setup:<14} {med:>10.1} ns/call (hits counted: {hits:?} of {calls}; program {prog_ns:?} ns/run)"
+            );
+            row[setup] = json!({"ns_per_call": ns, "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
+        }
+        let ratio = row["mt-agent"]["overhead"].as_f64().unwrap_or(f64::NAN)
+            / row["floor"]["overhead"].as_f64().unwrap_or(f64::NAN);
+        row["mt_agent_over_floor"] = json!(ratio);
+        rows.push(row);
+    }
+    Value::Array(rows)
+}
+
+/// Watches a directory for IN_MOVED_TO (perf renaming a snapshot into
+/// place), noting CLOCK_MONOTONIC at each event.
+struct RenameWatch {
+    events: Arc<Mutex<Vec<(u64, String)>>>,
+    stop: Arc<Mutex<bool>>,
+}
+
+impl RenameWatch {
+    fn start(dir: &Path) -> RenameWatch {
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC).unwrap();
+        ino.add_watch(dir, AddWatchFlags::IN_MOVED_TO).unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(Mutex::new(false));
+        let (e2, s2) = (events.clone(), stop.clone());
+        thread::spawn(move || {
+            while !*s2.lock().unwrap() {
+                if let Ok(evs) = ino.read_events() {
+                    let t = monotonic_ns();
+                    for e in evs {
+                        if let Some(name) = e.name {
+                            e2.lock()
+                                .unwrap()
+                                .push((t, name.to_string_lossy().into_owned()));
+                        }
+                    }
+                }
+            }
+        });
+        RenameWatch { events, stop }
+    }
+
+    fn take(self) -> Vec<(u64, String)> {
+        *self.stop.lock().unwrap() = true;
+        self.events.lock().unwrap().clone()
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Trigger → snapshot latency for one setup: (rename − stamp) in ms, and for
+/// mt-agent its own hit → kill() from snapshots.jsonl, in µs.
+fn latency_run(plan: &Plan, setup: &str) -> Value {
+    let bin = target_path("target_bench");
+    let func = "trigger_push";
+    let mut t = Target::start(&bin, &["stamp", &plan.stamps.to_string(), "100", "push"]);
+    let pid = t.pid().to_string();
+    let mut agent = None;
+    let mut perf = None;
+    let mut _probe = None;
+    let out_dir = tempfile::tempdir().unwrap();
+    let watch;
+    if setup.starts_with("mt-agent") {
+        let out = out_dir.path().join("out");
+        fs::create_dir(&out).unwrap();
+        let mut args = vec![
+            "--pid",
+            pid.as_str(),
+            "--symbol",
+            func,
+            "--cooldown",
+            "50ms",
+            "--json",
+            "--output",
+        ];
+        let o = out.display().to_string();
+        args.push(&o);
+        if setup.contains("rt-priority") {
+            args.extend(["--rt-priority", "50"]);
+        }
+        let mut a = Agent::start(&args);
+        a.wait_armed();
+        watch = RenameWatch::start(&out);
+        agent = Some((a, out));
+    } else {
+        let probe = PerfProbe::add(&bin, func);
+        watch = RenameWatch::start(out_dir.path());
+        let mut args = record_args(t.pid(), out_dir.path());
+        args[3] = format!("--switch-output-event={}", probe.0);
+        perf = Some(PerfProc::start(&args));
+        _probe = Some(probe);
+    }
+    t.go();
+    t.wait(Duration::from_secs(120));
+    let stamps: Vec<u64> = t
+        .proc
+        .stdout()
+        .iter()
+        .filter_map(|l| l.strip_prefix("stamp ").and_then(|v| v.parse().ok()))
+        .collect();
+    let mut hit_to_kill = Vec::new();
+    let mut latencies = Vec::new();
+    if let Some((a, out)) = agent {
+        let run = a.finish(FINISH);
+        let events = watch.take();
+        // Each hit snapshot names its hit: arg0 is the stamp.
+        for v in read_index(&out.join("snapshots.jsonl"))
+            .iter()
+            .filter(|v| v["kind"] == "hit")
+        {
+            let stamp = v["hits"][0]["args"][0].as_u64().unwrap();
+            if let Some((t, _)) = events
+                .iter()
+                .find(|(_, n)| Some(n.as_str()) == v["file"].as_str())
+            {
+                latencies.push((t - stamp) as f64 / 1e6);
+            }
+            hit_to_kill.push(v["hit_to_kill_ns"].as_u64().unwrap_or(0) as f64 / 1e3);
+        }
+        let _ = run;
+    } else if let Some(p) = perf {
+        let _ = p.finish();
+        let events = watch.take();
+        // perf-event switches on every hit, in order; the last rename is
+        // perf's final file.
+        for ((t, _), stamp) in events.iter().zip(&stamps) {
+            latencies.push((*t as f64 - *stamp as f64) / 1e6);
+        }
+    }
+    eprintln!("bench: latency {setup:<26} {} samples", latencies.len());
+    let mut v = json!({"setup": setup, "stamps": stamps.len(), "rename_ms": pcts(latencies)});
+    if !hit_to_kill.is_empty() {
+        v["hit_to_kill_us"] = pcts(hit_to_kill);
+    }
+    v
+}
+
+fn latency(plan: &Plan) -> Value {
+    Value::Array(
+        ["mt-agent", "mt-agent --rt-priority 50", "perf-event"]
+            .iter()
+            .map(|s| latency_run(plan, s))
+            .collect(),
+    )
+}
+
+fn storm_run(plan: &Plan, setup: &str) -> Value {
+    let bin = target_path("target_bench");
+    let func = "trigger_nop5";
+    let mut t = Target::start(&bin, &["storm", &plan.storm_s.to_string(), "nop5"]);
+    let pid = t.pid().to_string();
+    let out_dir = tempfile::tempdir().unwrap();
+    let mut v = json!({"setup": setup});
+    let mut agent = None;
+    let mut perf = None;
+    let mut _probe = None;
+    match setup {
+        "none" => {}
+        "mt-agent" => {
+            let mut a = Agent::start(&["--pid", &pid, "--symbol", func, "--json"]);
+            a.wait_armed();
+            agent = Some(a);
+        }
+        "perf-event" => {
+            let probe = PerfProbe::add(&bin, func);
+            let mut args = record_args(t.pid(), out_dir.path());
+            args[3] = format!("--switch-output-event={}", probe.0);
+            // Bounded so that it cannot fill the disk.
+            args.push("--switch-max-files=20".into());
+            perf = Some(PerfProc::start(&args));
+            _probe = Some(probe);
+        }
+        _ => unreachable!(),
+    }
+    t.go();
+    // The agent's resident set, sampled mid-storm.
+    let mut rss_kib = Vec::new();
+    let end = Instant::now() + Duration::from_secs(plan.storm_s + 60);
+    while t.proc.try_status().is_none() && Instant::now() < end {
+        if let Some(a) = &agent
+            && let Some(r) = status_field(a.proc.pid(), "VmRSS").and_then(|r| {
+                r.split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+        {
+            rss_kib.push(r);
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    t.wait(Duration::from_secs(60));
+    let calls = t.proc.stdout().iter().find_map(|l| {
+        l.strip_prefix("calls ")
+            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+    });
+    v["calls"] = json!(calls);
+    v["calls_per_s"] = json!(calls.map(|c| c as f64 / plan.storm_s as f64));
+    if let Some(a) = agent {
+        let run = a.finish(FINISH);
+        let s = run.summary().unwrap_or(Value::Null);
+        let c = &s["counters"];
+        let dropped: u64 = c["dropped"]
+            .as_object()
+            .map(|o| o.values().filter_map(Value::as_u64).sum())
+            .unwrap_or(0);
+        v["seen"] = c["seen"].clone();
+        v["accounted"] = json!(
+            dropped + c["accepted"].as_u64().unwrap_or(0) + s["open_calls"].as_u64().unwrap_or(0)
+        );
+        v["snapshot_files"] = json!(perf_files(&run.out).len());
+        v["agent_cpu_s"] = s["agent_cpu_s"].clone();
+        v["agent_peak_rss_kib"] = s["agent_peak_rss_kib"].clone();
+        v["agent_rss_kib_during"] = json!(rss_kib.iter().max());
+        v["perf_cpu_s"] = s["perf_cpu_s"].clone();
+        v["disk_bytes"] = json!(dir_bytes(&run.out));
+    }
+    if let Some(p) = perf {
+        let (lines, cpu, dir) = p.finish();
+        v["snapshot_files_written"] = json!(
+            lines
+                .iter()
+                .filter(|l| l.contains("perf record: Dump"))
+                .count()
+        );
+        v["snapshot_files_kept"] = json!(
+            perf_files(dir.path())
+                .len()
+                .max(perf_files(out_dir.path()).len())
+        );
+        v["perf_cpu_s"] = json!(cpu);
+        v["disk_bytes"] = json!(dir_bytes(out_dir.path()));
+        v["perf_messages"] = json!(
+            lines
+                .iter()
+                .filter(|l| !l.contains("perf record: Dump") && !l.contains("dump data"))
+                .take(5)
+                .collect::<Vec<_>>()
+        );
+    }
+    eprintln!("bench: storm {setup:<10} {v}");
+    v
+}
+
+fn dir_bytes(d: &Path) -> u64 {
+    fs::read_dir(d)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn storm(plan: &Plan) -> Value {
+    Value::Array(
+        ["none", "mt-agent", "perf-event"]
+            .iter()
+            .map(|s| storm_run(plan, s))
+            .collect(),
+    )
+}
+
+fn time_to_armed(plan: &Plan) -> Value {
+    let mut ms = Vec::new();
+    for _ in 0..plan.armed_runs {
+        let t = Target::start(&target_path("target_bench"), &["wait"]);
+        let pid = t.pid().to_string();
+        let mut a = Agent::start(&["--pid", &pid, "--symbol", "trigger_push", "--json"]);
+        a.wait_armed();
+        let armed = a.proc.stdout().iter().find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["event"] == "armed")
+        });
+        if let Some(v) = armed.and_then(|v| v["time_to_armed_ms"].as_f64()) {
+            ms.push(v);
+        }
+        a.proc.signal(libc::SIGINT);
+        let _ = a.finish(FINISH);
+    }
+    eprintln!("bench: time to armed {ms:?}");
+    json!({"ms": ms, "median": median(&ms)})
+}
+
+fn f(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) if x.is_finite() && x.abs() >= 100.0 => format!("{x:.0}"),
+        Some(x) if x.is_finite() => format!("{x:.1}"),
+        _ => "-".into(),
+    }
+}
+
+fn print_tables(r: &Value) {
+    let reps = if r["quick"] == true {
+        "1 run (--quick)"
+    } else {
+        "median of 5"
+    };
+    println!("### Per-hit overhead, ns per call above \"none\" ({reps})\n");
+    println!(
+        "| first instruction | none (ns/call) | floor | mt-agent | perf-event | hw-breakpoint | mt-agent / floor |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for row in r["overhead"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.2} |",
+            row["first_instruction"].as_str().unwrap_or(""),
+            f(&row["none"]["median"]),
+            f(&row["floor"]["overhead"]),
+            f(&row["mt-agent"]["overhead"]),
+            f(&row["perf-event"]["overhead"]),
+            f(&row["hw-breakpoint"]["overhead"]),
+            row["mt_agent_over_floor"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    println!("\n### Trigger → snapshot latency (hit to perf's rename, ms)\n");
+    println!("| setup | n | p50 | p90 | p99 | max |");
+    println!("|---|---|---|---|---|---|");
+    for row in r["latency"].as_array().into_iter().flatten() {
+        let l = &row["rename_ms"];
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            row["setup"].as_str().unwrap_or(""),
+            l["n"],
+            l["p50"].as_f64().unwrap_or(f64::NAN),
+            l["p90"].as_f64().unwrap_or(f64::NAN),
+            l["p99"].as_f64().unwrap_or(f64::NAN),
+            l["max"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    for row in r["latency"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| !r["hit_to_kill_us"].is_null())
+    {
+        let l = &row["hit_to_kill_us"];
+        println!(
+            "| {}: hit → kill(), µs | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            row["setup"].as_str().unwrap_or(""),
+            l["n"],
+            l["p50"].as_f64().unwrap_or(f64::NAN),
+            l["p90"].as_f64().unwrap_or(f64::NAN),
+            l["p99"].as_f64().unwrap_or(f64::NAN),
+            l["max"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    println!("\n### Storm: trigger_nop5 called as fast as one thread can\n");
+    println!(
+        "| setup | calls/s | snapshot files | agent CPU (s) | agent RSS during / peak (KiB) | hits seen / accounted | perf CPU (s) | disk (KiB) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in r["storm"].as_array().into_iter().flatten() {
+        let files = if row["setup"] == "perf-event" {
+            format!(
+                "{} written, {} kept",
+                row["snapshot_files_written"], row["snapshot_files_kept"]
+            )
+        } else {
+            row["snapshot_files"].to_string().replace("null", "-")
+        };
+        println!(
+            "| {} | {} | {} | {} | {} / {} | {} / {} | {} | {} |",
+            row["setup"].as_str().unwrap_or(""),
+            f(&row["calls_per_s"]),
+            files,
+            f(&row["agent_cpu_s"]),
+            row["agent_rss_kib_during"].to_string().replace("null", "-"),
+            row["agent_peak_rss_kib"].to_string().replace("null", "-"),
+            row["seen"].to_string().replace("null", "-"),
+            row["accounted"].to_string().replace("null", "-"),
+            f(&row["perf_cpu_s"]),
+            row["disk_bytes"]
+                .as_u64()
+                .map_or("-".into(), |b| (b / 1024).to_string())
+        );
+    }
+    println!("\n### Time to armed\n");
+    println!(
+        "median {} ms over {:?}",
+        f(&r["time_to_armed"]["median"]),
+        r["time_to_armed"]["ms"]
+            .as_array()
+            .map(|v| v
+                .iter()
+                .map(|x| format!("{:.0}", x.as_f64().unwrap_or(0.0)))
+                .collect::<Vec<_>>())
+            .unwrap_or_default()
+    );
+}
