@@ -184,6 +184,8 @@ fn bpf_and_uprobes(r: &mut Report) {
     let mut probes = match Probes::load(LoadOptions {
         ring_bytes: 4096,
         verbose: false,
+        returns: false,
+        uretprobe: false,
     }) {
         Ok(p) => {
             r.pass(

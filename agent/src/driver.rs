@@ -22,7 +22,7 @@ use std::{
     fs,
     os::fd::{AsFd, BorrowedFd},
     path::PathBuf,
-    sync::{Arc, mpsc},
+    sync::{Arc, OnceLock, mpsc},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -134,7 +134,8 @@ pub struct RecorderSummary {
 /// Everything the driver needs.
 pub struct Setup {
     pub triggers: Vec<TriggerSetup>,
-    pub probes: Probes,
+    /// Loads (and configures) the eBPF programs while perf starts.
+    pub loader: Option<std::thread::JoinHandle<Result<Probes, Failure>>>,
     /// perf's command, without pid and output (set per recorder).
     pub perf: PerfSpec,
     pub max_targets: usize,
@@ -226,10 +227,12 @@ struct Driver {
     epoll: Epoll,
     rx: mpsc::Receiver<Command>,
     wake: Arc<EventFd>,
-    ring: RingBuf<MapData>,
+    /// Filled in once the loader thread is done.
+    probes: Option<Probes>,
+    ring: Option<RingBuf<MapData>>,
     ring_watched: bool,
     execs: Option<RingBuf<MapData>>,
-    counters: Arc<Counters>,
+    counters: Arc<OnceLock<Counters>>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     slots: Vec<Option<Recorder>>,
     by_target: HashMap<(u32, i32), usize>,
@@ -246,26 +249,16 @@ struct Driver {
 
 impl Driver {
     fn new(
-        mut s: Setup,
+        s: Setup,
         rx: mpsc::Receiver<Command>,
         wake: Arc<EventFd>,
         events: UnboundedSender<Event>,
     ) -> anyhow::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
-        let ring = s.probes.take_ring()?;
-        let counters = Arc::new(s.probes.take_counters()?);
-        let logger = if s.verbose {
-            s.probes.take_logger()
-        } else {
-            None
-        };
         let watch = |fd: BorrowedFd<'_>, token: u64| {
             epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, token))
         };
         watch(wake.as_fd(), T_WAKE)?;
-        if let Some(l) = &logger {
-            watch(l.as_fd(), T_LOGGER)?;
-        }
         if let Some(prio) = s.rt_priority {
             set_fifo(prio, &s.reporter);
         }
@@ -277,11 +270,12 @@ impl Driver {
             epoll,
             rx,
             wake,
-            ring,
+            probes: None,
+            ring: None,
             ring_watched: false,
             execs: None,
-            counters,
-            logger,
+            counters: Arc::new(OnceLock::new()),
+            logger: None,
             slots: Vec::new(),
             by_target: HashMap::new(),
             done: HashMap::new(),
@@ -345,25 +339,32 @@ impl Driver {
                         }
                     }
                 }
-                Watch::Exe { .. } => {
-                    exe_triggers = true;
+                Watch::Exe { .. } => exe_triggers = true,
+            }
+        }
+        // perf is starting up: now wait for the programs, loaded meanwhile.
+        if !self.load_probes() {
+            return;
+        }
+        if exe_triggers {
+            for i in 0..self.s.triggers.len() {
+                if matches!(self.s.triggers[i].watch, Watch::Exe { .. }) {
                     let plan = self.s.triggers[i].plan.clone();
-                    if let Err(f) = self.s.probes.attach(&plan) {
+                    if let Err(f) = self.attach(&plan) {
                         self.fatal(f);
                         return;
                     }
                 }
             }
-        }
-        if exe_triggers {
-            match self.s.probes.attach_exec_tracepoint() {
+            let probes = self.probes.as_mut().expect("loaded");
+            match probes.attach_exec_tracepoint() {
                 Ok(()) => {}
                 Err(f) => {
                     self.fatal(f);
                     return;
                 }
             }
-            match self.s.probes.take_execs() {
+            match self.probes.as_mut().expect("loaded").take_execs() {
                 Ok(r) => {
                     let _ = self
                         .epoll
@@ -390,6 +391,66 @@ impl Driver {
             for pid in all_pids() {
                 self.maybe_track(pid);
             }
+        }
+    }
+
+    /// Waits for the loader thread; takes the ring buffer, the counters and
+    /// (at -v) the log reader. False (and a fatal failure) if loading failed.
+    fn load_probes(&mut self) -> bool {
+        let Some(loader) = self.s.loader.take() else {
+            return self.probes.is_some();
+        };
+        let loaded = loader
+            .join()
+            .unwrap_or_else(|_| Err(Failure::runtime("the eBPF loader thread panicked")));
+        let mut probes = match loaded {
+            Ok(p) => p,
+            Err(f) => {
+                self.fatal(f);
+                return false;
+            }
+        };
+        let taken = probes
+            .take_ring()
+            .and_then(|r| Ok((r, probes.take_counters()?)));
+        match taken {
+            Ok((ring, counters)) => {
+                self.ring = Some(ring);
+                let _ = self.counters.set(counters);
+            }
+            Err(e) => {
+                self.fatal(Failure::runtime(format!("eBPF maps: {e:#}")));
+                return false;
+            }
+        }
+        if self.s.verbose {
+            self.logger = probes.take_logger();
+            if let Some(l) = &self.logger {
+                let _ = self
+                    .epoll
+                    .add(l.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, T_LOGGER));
+            }
+        }
+        self.probes = Some(probes);
+        true
+    }
+
+    fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
+        match self.probes.as_mut() {
+            Some(p) => p.attach(plan),
+            None => Err(Failure::runtime("the eBPF programs are not loaded")),
+        }
+    }
+
+    fn detach_trigger(&mut self, trigger: u32) {
+        if let Some(p) = self.probes.as_mut() {
+            p.detach_trigger(trigger);
+        }
+    }
+
+    fn detach_all(&mut self) {
+        if let Some(p) = self.probes.as_mut() {
+            p.detach_all();
         }
     }
 
@@ -538,9 +599,11 @@ impl Driver {
     }
 
     fn watch_ring(&mut self) {
-        if !self.ring_watched {
+        if !self.ring_watched
+            && let Some(ring) = &self.ring
+        {
             let token = EpollEvent::new(EpollFlags::EPOLLIN, T_RING);
-            if self.epoll.add(self.ring.as_fd(), token).is_ok() {
+            if self.epoll.add(ring.as_fd(), token).is_ok() {
                 self.ring_watched = true;
             }
             self.read_ring();
@@ -604,8 +667,8 @@ impl Driver {
         }
         let plan = t.plan.clone();
         let mut armed = t.armed.clone();
-        if let Err(f) = self.s.probes.attach(&plan) {
-            self.s.probes.detach_trigger(trigger);
+        if let Err(f) = self.attach(&plan) {
+            self.detach_trigger(trigger);
             if let Some(r) = self.slots[slot].as_mut() {
                 r.fail(f);
             }
@@ -613,7 +676,7 @@ impl Driver {
         }
         armed.pid = Some(pid);
         armed.perf_pid = Some(perf_pid);
-        armed.uprobes = self.s.probes.attached_for(trigger);
+        armed.uprobes = self.probes.as_ref().map_or(0, |p| p.attached_for(trigger));
         armed.perf_ready_ms = ready_after.map_or(0.0, ms);
         armed.time_to_armed_ms = ms(self.s.agent_started.elapsed());
         self.s.reporter.armed(&armed);
@@ -626,7 +689,7 @@ impl Driver {
         };
         let trigger = r.trigger;
         if matches!(self.trigger(trigger).watch, Watch::Pid(_)) {
-            self.s.probes.detach_trigger(trigger);
+            self.detach_trigger(trigger);
         }
         if let Some(r) = self.slots[slot].as_mut() {
             r.stop(EndReason::MaxSnapshots);
@@ -636,7 +699,9 @@ impl Driver {
     fn read_ring(&mut self) {
         loop {
             let hit: Hit = {
-                let Some(item) = self.ring.next() else { break };
+                let Some(item) = self.ring.as_mut().and_then(RingBuf::next) else {
+                    break;
+                };
                 if item.len() < std::mem::size_of::<Hit>() {
                     continue;
                 }
@@ -713,7 +778,7 @@ impl Driver {
     fn stop_all(&mut self, reason: EndReason) {
         self.stopping.get_or_insert(reason.clone());
         // No more hits are wanted.
-        self.s.probes.detach_all();
+        self.detach_all();
         for r in self.slots.iter_mut().flatten() {
             r.stop(reason.clone());
         }
@@ -743,7 +808,7 @@ impl Driver {
             self.by_target.remove(&(trigger, pid));
             let is_pid = matches!(self.trigger(trigger).watch, Watch::Pid(_));
             if is_pid {
-                self.s.probes.detach_trigger(trigger);
+                self.detach_trigger(trigger);
             }
             let outcome = r.finish();
             if let Some(f) = &outcome.failure {
@@ -777,13 +842,15 @@ impl Driver {
     }
 
     fn outcome(&mut self) -> Outcome {
-        self.s.probes.detach_all();
+        self.detach_all();
         self.read_ring();
         let mut counters = CounterValues::default();
         let mut open_calls = 0;
-        for t in &self.s.triggers {
-            recorder::add_counters(&mut counters, &self.counters.read(t.index));
-            open_calls += self.counters.open_calls(t.index);
+        if let Some(c) = self.counters.get() {
+            for t in &self.s.triggers {
+                recorder::add_counters(&mut counters, &c.read(t.index));
+                open_calls += c.open_calls(t.index);
+            }
         }
         let mut stats = Stats::default();
         let mut perf_cpu: Option<Duration> = None;

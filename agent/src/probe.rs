@@ -27,10 +27,6 @@ use crate::error::Failure;
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mt-agent-ebpf"));
 
-/// Uprobe program names, as the kernel lists them (cut to 15 bytes). The
-/// exec tracepoint is `mt_exec`.
-pub const PROGRAM_NAMES: [&str; 3] = ["mt_entry", "mt_return", "mt_uretprobe"];
-
 /// How the end of a `--slower-than` call is seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Returns {
@@ -58,6 +54,10 @@ pub struct AttachPlan {
 /// Load-time settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOptions {
+    /// Load `mt_return` (`--slower-than` with `ret` probes).
+    pub returns: bool,
+    /// Load `mt_uretprobe` (`--use-uretprobe`).
+    pub uretprobe: bool,
     /// Size of the HITS ring buffer, bytes (power of two, at least a page).
     pub ring_bytes: u32,
     /// Enable the programs' aya-log records.
@@ -73,8 +73,9 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Creates the maps and loads the programs into the kernel (the verifier
-    /// runs here). Errors: exit code 3 without the privileges.
+    /// Creates the maps and loads the programs the run needs into the kernel
+    /// (the verifier runs here: ~40 ms per program on our machines). Errors:
+    /// exit code 3 without the privileges.
     pub fn load(opts: LoadOptions) -> Result<Self, Failure> {
         // aya-log level: 0 turns every log statement off in the kernel.
         let level: u8 = if opts.verbose { 0xff } else { 0 };
@@ -83,7 +84,12 @@ impl Probes {
             .override_global("AYA_LOG_LEVEL", &level, true)
             .load(EBPF_OBJECT)
             .map_err(|e| classify(&e, "loading the eBPF programs"))?;
-        for name in PROGRAM_NAMES {
+        let wanted = [
+            ("mt_entry", true),
+            ("mt_return", opts.returns),
+            ("mt_uretprobe", opts.uretprobe),
+        ];
+        for name in wanted.iter().filter(|(_, w)| *w).map(|(n, _)| *n) {
             let prog: &mut UProbe = ebpf
                 .program_mut(name)
                 .ok_or_else(|| Failure::runtime(format!("program {name} missing from the object")))?

@@ -12,7 +12,7 @@ use std::{
     fs,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::PathBuf,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -107,7 +107,7 @@ pub struct Recorder {
     index: Index,
     output: OutputDir,
     reporter: Arc<Reporter>,
-    counters: Arc<Counters>,
+    counters: Arc<OnceLock<Counters>>,
     /// Files indexed and still on disk.
     listed: Vec<String>,
     /// Files indexed (on disk or deleted by --keep).
@@ -138,7 +138,7 @@ impl Recorder {
         spec: &PerfSpec,
         policy: Policy,
         reporter: Arc<Reporter>,
-        counters: Arc<Counters>,
+        counters: Arc<OnceLock<Counters>>,
     ) -> Result<Self, Failure> {
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
@@ -428,7 +428,11 @@ impl Recorder {
     fn index(&mut self, snap: Snapshot) {
         let path = self.dir.join(&snap.file);
         let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        let counters = self.counters.read(self.trigger);
+        let counters = self
+            .counters
+            .get()
+            .map(|c| c.read(self.trigger))
+            .unwrap_or_default();
         let merged = self.machine.stats().merged;
         if let Err(e) = self.index.snapshot(&snap, bytes, counters, merged) {
             self.index_failed(e);
@@ -500,6 +504,11 @@ impl Recorder {
                 .filter(|a| matches!(a, Action::Index(_)))
                 .collect();
             self.apply(actions);
+        }
+        if self.ready_at.is_none() && self.snapshots == 0 {
+            // perf never started recording: its half-made perf.data is not a
+            // snapshot, and the directory is tidied away with it.
+            let _ = fs::remove_file(self.dir.join("perf.data"));
         }
         let unsnapshotted = self.machine.on_perf_exit();
         if unsnapshotted > 0 {

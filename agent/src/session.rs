@@ -188,8 +188,18 @@ pub async fn run(
             WatchArg::Exe(_) => caps::check(None)?,
         }
     }
+    let stage = |what: &str| {
+        reporter.verbose(&format!(
+            "{:.1} ms: {what}",
+            started.elapsed().as_secs_f64() * 1e3
+        ))
+    };
     let perf_path = perf::find_perf(settings.perf.as_deref())?;
-    perf::perf_version(&perf_path)?;
+    // `perf version` (~20 ms) runs while the triggers are resolved.
+    let version = {
+        let p = perf_path.clone();
+        std::thread::spawn(move || perf::perf_version(&p))
+    };
 
     // Resolve every trigger before creating anything.
     let mut resolved = Vec::new();
@@ -241,20 +251,43 @@ pub async fn run(
     };
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
+    version
+        .join()
+        .unwrap_or_else(|_| Err(Failure::runtime("the perf check panicked")))?;
     let base_dir = OutputDir::prepare(&base)?;
+    stage("perf checked, triggers resolved, output ready");
 
-    let mut probes = Probes::load(LoadOptions {
+    // The eBPF programs load (the verifier) on a thread of their own, while
+    // the driver starts perf: the two take ~100 ms and ~250 ms here.
+    let configs: Vec<_> = resolved.iter().map(|(_, _, _, cfg)| *cfg).collect();
+    let load = LoadOptions {
         ring_bytes,
         verbose: args.verbose,
-    })?;
+        returns: resolved
+            .iter()
+            .any(|(_, _, r, _)| matches!(r, Some(Returns::RetInstructions(_)))),
+        uretprobe: resolved
+            .iter()
+            .any(|(_, _, r, _)| matches!(r, Some(Returns::Uretprobe))),
+    };
+    let loader = std::thread::Builder::new()
+        .name("mt-agent-load".into())
+        .spawn(move || {
+            let mut probes = Probes::load(load)?;
+            for (i, cfg) in configs.iter().enumerate() {
+                probes.configure(i as u32, cfg).map_err(|e| {
+                    Failure::runtime(format!("writing the trigger settings: {e:#}"))
+                })?;
+            }
+            Ok(probes)
+        })?;
     let event = settings
         .event
         .clone()
         .unwrap_or_else(|| perf::default_event().to_string());
     let mut setups = Vec::new();
-    for (i, (t, (res, watch, returns, cfg))) in triggers.iter().zip(resolved).enumerate() {
+    for (i, (t, (res, watch, returns, _))) in triggers.iter().zip(resolved).enumerate() {
         let index = i as u32;
-        probes.configure(index, &cfg)?;
         let out = if args.config.is_none() {
             base_dir.path.clone()
         } else {
@@ -320,7 +353,7 @@ pub async fn run(
     let handle = driver::spawn(
         Setup {
             triggers: setups,
-            probes,
+            loader: Some(loader),
             perf: PerfSpec {
                 perf: perf_path,
                 pid: 0,
