@@ -4,7 +4,9 @@
 //! * `demo`: the main job on a bundled demo workload.
 //! * `test [FILTER]`: setup, then every test (end-to-end ones one at a time).
 //! * `dist`: the static musl release tarball, reproducibly.
+//! * `bench [--quick]`: overhead, latency, storm and time to armed, as tables.
 
+mod bench;
 mod demo;
 mod dist;
 mod setup;
@@ -30,6 +32,13 @@ enum Task {
     },
     /// Build in release mode and run mt-agent on the bundled demo workload.
     Demo,
+    /// Benchmark mt-agent against the floor, perf's own trigger and a
+    /// hardware breakpoint; tables on stdout, raw figures in target/bench/.
+    Bench {
+        /// A short run (under a minute) that exercises every part.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Build the release tarball: static musl binary, systemd unit, DaemonSet.
     Dist {
         /// Build in this target directory (default: the workspace's).
@@ -62,6 +71,7 @@ fn main() -> std::process::ExitCode {
             skip_release,
             filter,
         } => test::test(&filter, no_setup, skip_release),
+        Task::Bench { quick } => bench::bench(quick),
         Task::Dist { target_dir, out } => {
             dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())
         }

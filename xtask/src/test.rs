@@ -22,6 +22,7 @@ const E2E: &[&str] = &[
     "conditions",
     "faults",
     "fleet",
+    "bench",
 ];
 
 /// Runs the suite. `filter` is passed to the end-to-end test harness.

@@ -24,6 +24,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
 
 /// How much of everything to run.
+#[derive(Clone, Copy)]
 struct Plan {
     quick: bool,
     /// Calls per repetition for emulated/nop5 and for single-stepped triggers.
@@ -81,7 +82,6 @@ fn main() {
     let plan = Plan::new(quick);
     let started = Instant::now();
     let _tracefs = Tracefs::ensure();
-    let _stats = BpfStats::enable();
     let object = ebpf_object();
     eprintln!(
         "bench: agent {}, eBPF object {}",
@@ -405,12 +405,15 @@ fn record_args(pid: i32, dir: &Path) -> Vec<String> {
 
 /// One target run under one setup: ns per call for each repetition, and
 /// how many probe hits the setup counted (to check it was live).
+/// `stats`: measure the program's run time (kernel.bpf_stats_enabled, which
+/// itself adds two clock reads per run, so never on while timing calls).
 fn bench_run(
     plan: &Plan,
     object: &Path,
     short: &str,
     func: &str,
     setup: &str,
+    stats: bool,
 ) -> (Vec<f64>, Option<u64>, Option<f64>) {
     let bin = target_path("target_bench");
     let n = if short == "step" {
@@ -436,8 +439,10 @@ fn bench_run(
         }
         "mt-agent" => {
             let p = pid.to_string();
+            // The warm-up call takes the one snapshot; the cooldown keeps
+            // perf's file switches out of the timed loops.
             let mut a =
-                Agent::start(&["--pid", &p, "--symbol", func, "--cooldown", "1s", "--json"]);
+                Agent::start(&["--pid", &p, "--symbol", func, "--cooldown", "60s", "--json"]);
             a.wait_armed();
             agent = Some(a);
         }
@@ -469,15 +474,16 @@ fn bench_run(
         _ => unreachable!(),
     }
     t.go();
-    // The program's own run time per hit, read before the target exits
-    // (it idles 200 ms after its loop) and the probe goes.
+    // With `stats`, the program's own run time per hit, read before the
+    // target exits (it idles 200 ms after its loop) and the probe goes.
     let prog = match setup {
         "floor" => Some("mt_floor"),
         "mt-agent" => Some("mt_entry"),
         _ => None,
     };
     let mut prog_ns = None;
-    if let Some(name) = prog {
+    let _stats = stats.then(BpfStats::enable);
+    if let Some(name) = prog.filter(|_| stats) {
         let want = plan.reps;
         let end = Instant::now() + Duration::from_secs(600);
         while t
@@ -523,16 +529,29 @@ fn overhead(plan: &Plan, object: &Path) -> Value {
         let mut row = json!({"function": func, "first_instruction": what});
         let mut none = f64::NAN;
         for setup in SETUPS {
-            let (ns, hits, prog_ns) = bench_run(plan, object, short, func, setup);
+            let (ns, hits, _) = bench_run(plan, object, short, func, setup, false);
+            let prog_ns = if setup == "floor" || setup == "mt-agent" {
+                let quick = Plan {
+                    n_fast: plan.n_fast.min(500_000),
+                    n_step: plan.n_step.min(20_000),
+                    reps: 1,
+                    ..*plan
+                };
+                bench_run(&quick, object, short, func, setup, true).2
+            } else {
+                None
+            };
             let med = median(&ns);
             if setup == "none" {
                 none = med;
             }
+            // The timed calls, plus the target's one warm-up call.
             let calls = if short == "step" {
                 plan.n_step
             } else {
                 plan.n_fast
-            } * plan.reps as u64;
+            } * plan.reps as u64
+                + 1;
             eprintln!(
                 "bench: overhead {func:<13} {setup:<14} {med:>10.1} ns/call (hits counted: {hits:?} of {calls}; program {prog_ns:?} ns/run)"
             );
@@ -718,10 +737,19 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
         _ => unreachable!(),
     }
     t.go();
-    // The agent's resident set, sampled mid-storm.
+    // The agent's resident set, sampled mid-storm, and its CPU time over
+    // the storm itself (start-up not included).
     let mut rss_kib = Vec::new();
+    let cpu0 = agent.as_ref().and_then(|a| cpu_seconds(a.proc.pid()));
+    let mut cpu1 = None;
+    let t0 = Instant::now();
+    let mut storm_wall = None;
     let end = Instant::now() + Duration::from_secs(plan.storm_s + 60);
     while t.proc.try_status().is_none() && Instant::now() < end {
+        if storm_wall.is_none() && t.proc.stdout().iter().any(|l| l.starts_with("calls ")) {
+            storm_wall = Some(t0.elapsed().as_secs_f64());
+            cpu1 = agent.as_ref().and_then(|a| cpu_seconds(a.proc.pid()));
+        }
         if let Some(a) = &agent
             && let Some(r) = status_field(a.proc.pid(), "VmRSS").and_then(|r| {
                 r.split_whitespace()
@@ -754,6 +782,10 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
         );
         v["snapshot_files"] = json!(perf_files(&run.out).len());
         v["agent_cpu_s"] = s["agent_cpu_s"].clone();
+        if let (Some(a), Some(b), Some(w)) = (cpu0, cpu1, storm_wall) {
+            v["agent_storm_cpu_s"] = json!(b - a);
+            v["agent_storm_cpu_percent"] = json!(100.0 * (b - a) / w);
+        }
         v["agent_peak_rss_kib"] = s["agent_peak_rss_kib"].clone();
         v["agent_rss_kib_during"] = json!(rss_kib.iter().max());
         v["perf_cpu_s"] = s["perf_cpu_s"].clone();
@@ -892,7 +924,7 @@ fn print_tables(r: &Value) {
     }
     println!("\n### Storm: trigger_nop5 called as fast as one thread can\n");
     println!(
-        "| setup | calls/s | snapshot files | agent CPU (s) | agent RSS during / peak (KiB) | hits seen / accounted | perf CPU (s) | disk (KiB) |"
+        "| setup | calls/s | snapshot files | agent CPU during the storm | agent RSS during / peak (KiB) | hits seen / accounted | perf CPU (s) | disk (KiB) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for row in r["storm"].as_array().into_iter().flatten() {
@@ -909,7 +941,9 @@ fn print_tables(r: &Value) {
             row["setup"].as_str().unwrap_or(""),
             f(&row["calls_per_s"]),
             files,
-            f(&row["agent_cpu_s"]),
+            row["agent_storm_cpu_percent"]
+                .as_f64()
+                .map_or("-".into(), |p| format!("{p:.2}% of a core")),
             row["agent_rss_kib_during"].to_string().replace("null", "-"),
             row["agent_peak_rss_kib"].to_string().replace("null", "-"),
             row["seen"].to_string().replace("null", "-"),

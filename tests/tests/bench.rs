@@ -1,0 +1,79 @@
+//! The bench harness must not rot: `bench --quick` runs every part (overhead
+//! for each setup and first instruction, latency, storm, time to armed) and
+//! writes its tables and JSON. No timing is asserted here; the figures live
+//! in `cargo xtask bench`. Privileged.
+
+use std::process::Command;
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+#[test]
+fn bench_quick_runs_every_part() {
+    preflight();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("latest.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .arg("--quick")
+        .arg("--out")
+        .arg(&json)
+        .env("MT_AGENT_BIN", agent_bin())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --quick failed:\n{stdout}\n{stderr}"
+    );
+    eprintln!(
+        "bench --quick took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    for heading in [
+        "Per-hit overhead",
+        "Trigger → snapshot latency",
+        "Storm",
+        "Time to armed",
+    ] {
+        assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
+    }
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let overhead = r["overhead"].as_array().unwrap();
+    assert_eq!(overhead.len(), 3, "three first-instruction kinds");
+    for row in overhead {
+        for setup in ["none", "floor", "mt-agent", "perf-event", "hw-breakpoint"] {
+            assert!(
+                row[setup]["median"].as_f64().is_some_and(f64::is_finite),
+                "{setup}: {row}"
+            );
+        }
+        // The probes really fired: every call was counted.
+        for setup in ["mt-agent", "perf-event", "hw-breakpoint"] {
+            assert_eq!(row[setup]["hits"], row[setup]["calls"], "{setup}: {row}");
+        }
+        assert!(
+            row["mt-agent"]["program_ns_per_run"].as_f64().is_some(),
+            "{row}"
+        );
+    }
+    for l in r["latency"].as_array().unwrap() {
+        assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
+    }
+    let storm = r["storm"].as_array().unwrap();
+    let agent = storm.iter().find(|s| s["setup"] == "mt-agent").unwrap();
+    assert_eq!(
+        agent["seen"], agent["accounted"],
+        "every hit accounted: {agent}"
+    );
+    assert!(r["time_to_armed"]["median"].as_f64().is_some());
+    // Nothing left behind.
+    assert_no_programs_loaded("after the bench");
+    assert!(
+        std::fs::read_to_string("/sys/kernel/tracing/uprobe_events")
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+    );
+}
