@@ -7,7 +7,13 @@
 //! fetch-add (see `shared/docs/ebpf-build.md`). Otherwise it does the same:
 //! `cargo +nightly build -Z build-std=core --target bpfel-unknown-none
 //! --release` into a target directory of its own (cargo would deadlock on the
-//! outer build's lock), with BTF for the loader.
+//! outer build's lock).
+//!
+//! No debug info and no BTF: the programs need none (legacy `maps` section,
+//! no CO-RE), and BTF would cost at run time. perf records the BTF of every
+//! BPF program it sees load into the header of each snapshot it writes; with
+//! ours (~20 KB) each switch took ~340 µs longer (measured with the signal
+//! and rename tracepoints). The object is 29 KB instead of 518 KB.
 //!
 //! Needs the nightly toolchain with `rust-src`, and `bpf-linker` on PATH;
 //! `cargo xtask setup` installs both.
@@ -50,13 +56,7 @@ fn main() {
         .current_dir(workspace)
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
-            [
-                "--cfg=bpf_target_arch=\"x86_64\"",
-                "-Cdebuginfo=2",
-                "-Clink-arg=--btf",
-                "-Ctarget-cpu=v3",
-            ]
-            .join("\x1f"),
+            ["--cfg=bpf_target_arch=\"x86_64\"", "-Ctarget-cpu=v3"].join("\x1f"),
         );
     // Let the inner cargo pick its own toolchain and flags.
     for key in [

@@ -325,6 +325,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
         event: perf::default_event().to_string(),
         freq: 99,
         keep: None,
+        bpf_events: false,
         extra: Vec::new(),
     };
     let result = ping_perf(&spec);

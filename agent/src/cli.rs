@@ -200,6 +200,12 @@ pub struct RunArgs {
     #[arg(long, short = 'F', value_name = "HZ", default_value_t = 999)]
     pub freq: u32,
 
+    /// Let perf record BPF program events (its default). mt-agent passes
+    /// --no-bpf-event otherwise: perf would rewrite every known BPF
+    /// program's info into each snapshot, slowing every switch.
+    #[arg(long)]
+    pub perf_bpf_events: bool,
+
     /// Keep only the newest N snapshot files (perf's --switch-max-files).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub keep: Option<u32>,

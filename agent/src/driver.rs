@@ -630,11 +630,14 @@ impl Driver {
             }
             _ => Default::default(),
         };
-        // Closed pipes stay readable; stop watching them.
+        // Closed pipes stay readable; stop watching them. Once perf is
+        // ready, its acks are drained with stderr instead of waking us.
         if let Some(r) = self.slots[slot].as_ref() {
             let (ack_closed, stderr_closed) = r.pipes_closed();
             let fds = r.fds();
-            if ack_closed && let Some(fd) = fds[1] {
+            if (ack_closed || (kind == K_ACK && !r.watch_acks()))
+                && let Some(fd) = fds[1]
+            {
                 let _ = self.epoll.delete(fd);
             }
             if stderr_closed && let Some(fd) = fds[0] {

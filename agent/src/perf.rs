@@ -58,6 +58,9 @@ pub struct PerfSpec {
     pub freq: u32,
     /// `--switch-max-files`: keep only the newest N rotated files.
     pub keep: Option<u32>,
+    /// Keep perf's default of recording BPF program events (`false` adds
+    /// `--no-bpf-event`).
+    pub bpf_events: bool,
     /// Extra arguments, already checked by [`crate::cli::check_perf_args`].
     pub extra: Vec<String>,
 }
@@ -87,6 +90,13 @@ impl PerfSpec {
         ];
         if let Some(n) = self.keep {
             args.push(format!("--switch-max-files={n}").into());
+        }
+        if !self.bpf_events {
+            // perf writes the info (and BTF) of every BPF program it has
+            // seen into the header of every file it switches to: on a host
+            // with many programs, that slows each switch and fattens each
+            // snapshot.
+            args.push("--no-bpf-event".into());
         }
         args.extend(self.extra.iter().map(OsString::from));
         args
@@ -560,6 +570,7 @@ mod tests {
             event: "cpu-clock".into(),
             freq: 999,
             keep: Some(3),
+            bpf_events: false,
             extra: vec!["--call-graph".into(), "dwarf".into()],
         };
         let args: Vec<String> = spec
@@ -570,7 +581,8 @@ mod tests {
         assert_eq!(
             args.join(" "),
             "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 -g \
-             -k CLOCK_MONOTONIC --control fd:5,7 --switch-max-files=3 --call-graph dwarf"
+             -k CLOCK_MONOTONIC --control fd:5,7 --switch-max-files=3 --no-bpf-event \
+             --call-graph dwarf"
         );
     }
 

@@ -221,6 +221,11 @@ impl Recorder {
 
     /// perf's ack pipe is readable.
     pub fn on_ack(&mut self) -> Notes {
+        self.take_acks()
+    }
+
+    /// Reads pending acks; the first one means perf is ready.
+    fn take_acks(&mut self) -> Notes {
         let acked = self.perf.read_acks().unwrap_or(0) > 0;
         if acked && self.ready_at.is_none() {
             self.ready_at = Some(Instant::now());
@@ -237,6 +242,12 @@ impl Recorder {
         Notes::default()
     }
 
+    /// Whether the ack pipe still needs watching: only until perf's first ack
+    /// (readiness). Later acks are drained with stderr.
+    pub fn watch_acks(&self) -> bool {
+        self.ready_at.is_none()
+    }
+
     /// Whether perf closed its ack pipe or stderr (it is exiting).
     pub fn pipes_closed(&self) -> (bool, bool) {
         (self.perf.ack_closed(), self.perf.stderr_closed())
@@ -244,8 +255,16 @@ impl Recorder {
 
     /// perf's stderr is readable.
     pub fn on_stderr(&mut self) -> Notes {
+        // Acks of the pings sent with each SIGUSR2 are drained here, not
+        // waited on: a wakeup per ack, in the middle of perf's switch, would
+        // compete with perf for the CPU (see `Recorder::watch_acks`). perf
+        // may also write warnings before its first ack: that one still
+        // counts as readiness.
+        let mut notes = self.take_acks();
         let lines = self.perf.read_stderr().unwrap_or_default();
-        self.perf_lines(lines)
+        let more = self.perf_lines(lines);
+        notes.limit_reached |= more.limit_reached;
+        notes
     }
 
     /// perf's pidfd is readable: it exited.

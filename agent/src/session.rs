@@ -361,6 +361,7 @@ pub async fn run(
                 event,
                 freq: settings.freq,
                 keep: settings.keep,
+                bpf_events: args.perf_bpf_events,
                 extra: settings.perf_args.clone(),
             },
             max_targets: settings.max_targets as usize,

@@ -265,3 +265,76 @@ fn json_events_are_one_object_per_line() {
         assert!(!snap[f].is_null(), "snapshot lacks {f}: {snap}");
     }
 }
+
+#[test]
+fn check_passes_here_and_fails_on_a_fake_perf() {
+    preflight();
+    let ok = std::process::Command::new(agent_bin())
+        .arg("check")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert_eq!(ok.status.code(), Some(0), "{text}");
+    for what in [
+        "kernel",
+        "BTF",
+        "privileges",
+        "BPF",
+        "uprobe PMU",
+        "perf",
+        "hardware PMU",
+        "Intel PT",
+        "perf_event_paranoid",
+        "lockdown",
+        "free space",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("PASS") && l[4..].trim_start().starts_with(what)),
+            "no PASS line for {what}:\n{text}"
+        );
+    }
+    let bad = std::process::Command::new(agent_bin())
+        .args(["check", "--perf", "/bin/true"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert_eq!(bad.status.code(), Some(3), "{text}");
+    let perf = text
+        .lines()
+        .position(|l| l.starts_with("FAIL  perf"))
+        .unwrap_or_else(|| panic!("no FAIL perf line:\n{text}"));
+    assert!(
+        text.lines().nth(perf + 1).unwrap_or("").contains("fix:"),
+        "a FAIL without a fix:\n{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("FAIL")).count(),
+        1,
+        "only perf fails:\n{text}"
+    );
+    assert_no_programs_loaded("after check");
+}
+
+#[test]
+fn verbose_forwards_the_ebpf_log() {
+    let mut t = Target::start(&target_path("target"), &["calls", "2", "300"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "-v"]);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(10));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let logged = run
+        .stderr
+        .iter()
+        .filter(|l| l.contains("mt-agent: hit accepted, trigger 0"))
+        .count();
+    assert_eq!(
+        logged,
+        2,
+        "aya-log records from the eBPF program\n{}",
+        run.output()
+    );
+}

@@ -417,3 +417,69 @@ fn symbols_lists_functions_with_their_cost() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(l.contains("/hit"), "{l}");
 }
+
+#[test]
+fn an_address_must_fall_on_an_instruction_boundary() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let out = Command::new(agent_bin())
+        .args(["symbols", "--pid", &pid, "trigger_step", "--json"])
+        .output()
+        .unwrap();
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let addr = rows
+        .iter()
+        .find(|r| r["mangled"] == "trigger_step")
+        .unwrap()["address"]
+        .as_u64()
+        .unwrap();
+    // Inside the 7-byte `mov`: refused.
+    let run = refusal(t.pid(), &["--address", &format!("{:#x}", addr + 3)]);
+    stderr_has(&run, "not an instruction boundary");
+    // The `ret` after it: accepted, and named.
+    let mut a = Agent::start(&[
+        "--pid",
+        &pid,
+        "--address",
+        &format!("{:#x}", addr + 7),
+        "--duration",
+        "300ms",
+    ]);
+    a.wait_armed();
+    let run = a.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        run.stdout.iter().any(|l| l.contains("trigger_step+0x7")),
+        "{}",
+        run.output()
+    );
+    // Outside any mapping: refused.
+    let run = refusal(t.pid(), &["--address", "0x10"]);
+    stderr_has(&run, "not in any file mapped by pid");
+}
+
+#[test]
+fn a_replaced_executable_is_probed_through_the_running_file() {
+    // Run a copy, then replace the file on disk: its mapping says (deleted).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("replaced-target");
+    fs::copy(target_path("target"), &bin).unwrap();
+    let mut t = Target::start(&bin, &["calls", "2", "300"]);
+    let fresh = dir.path().join("new");
+    fs::write(&fresh, b"not the running program").unwrap();
+    fs::rename(&fresh, &bin).unwrap();
+    assert!(
+        fs::read_to_string(format!("/proc/{}/maps", t.pid()))
+            .unwrap()
+            .contains("(deleted)")
+    );
+    let run = capture(&mut t, &["--symbol", "trigger"]);
+    assert_eq!(run.entries("hit").len(), 2, "{}", run.output());
+    assert!(
+        run.stdout
+            .iter()
+            .any(|l| l.contains("differs from the running file")),
+        "the agent should say the file on disk differs\n{}",
+        run.output()
+    );
+}

@@ -89,10 +89,33 @@ fn main() {
         object.display()
     );
 
-    let overhead = overhead(&plan, &object);
-    let latency = latency(&plan);
-    let storm = storm(&plan);
-    let armed = time_to_armed(&plan);
+    // `--only overhead|latency|storm|armed` runs one part.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let overhead = if part("overhead") {
+        overhead(&plan, &object)
+    } else {
+        Value::Array(Vec::new())
+    };
+    let latency = if part("latency") {
+        latency(&plan)
+    } else {
+        Value::Array(Vec::new())
+    };
+    let storm = if part("storm") {
+        storm(&plan)
+    } else {
+        Value::Array(Vec::new())
+    };
+    let armed = if part("armed") {
+        time_to_armed(&plan)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -384,7 +407,8 @@ fn runtime_address(pid: i32, func: &str) -> u64 {
         .expect("address")
 }
 
-/// The record arguments mt-agent gives perf, for the floor.
+/// The record arguments mt-agent gives perf (for the floor; perf-event's
+/// runs use them too, with `--switch-output-event`).
 fn record_args(pid: i32, dir: &Path) -> Vec<String> {
     vec![
         "record".into(),
@@ -400,6 +424,7 @@ fn record_args(pid: i32, dir: &Path) -> Vec<String> {
         "-g".into(),
         "-k".into(),
         "CLOCK_MONOTONIC".into(),
+        "--no-bpf-event".into(),
     ]
 }
 
@@ -627,6 +652,8 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
     if setup.starts_with("mt-agent") {
         let out = out_dir.path().join("out");
         fs::create_dir(&out).unwrap();
+        // Text mode: the agent prints nothing between its signal and perf's
+        // Dump line, so the harness adds no wakeups while perf switches.
         let mut args = vec![
             "--pid",
             pid.as_str(),
@@ -634,7 +661,6 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
             func,
             "--cooldown",
             "50ms",
-            "--json",
             "--output",
         ];
         let o = out.display().to_string();
@@ -642,6 +668,7 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
         if setup.contains("rt-priority") {
             args.extend(["--rt-priority", "50"]);
         }
+
         let mut a = Agent::start(&args);
         a.wait_armed();
         watch = RenameWatch::start(&out);
@@ -759,7 +786,7 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
         {
             rss_kib.push(r);
         }
-        thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(20));
     }
     t.wait(Duration::from_secs(60));
     let calls = t.proc.stdout().iter().find_map(|l| {
