@@ -167,6 +167,9 @@ pub struct TriggerConfig {
     pub rate_interval_ns: u64,
     /// `--cooldown`: least time between two accepted hits, ns.
     pub cooldown_ns: u64,
+    /// The kernel tick (the resolution of CLOCK_MONOTONIC_COARSE), ns; 0
+    /// turns off the jiffies fast path of the rate and cooldown gates.
+    pub tick_ns: u64,
 }
 
 /// Key of the `STATE` map: filter state is kept per trigger and per process,
@@ -204,6 +207,12 @@ pub struct TriggerState {
     pub rate_next_ns: u64,
     /// Earliest `bpf_ktime_get_ns` at which the cooldown passes again.
     pub cooldown_next_ns: u64,
+    /// While `jiffies` is below this, the rate gate is surely closed (0:
+    /// unknown). Set two ticks short of `rate_next_ns`, so a hit checked
+    /// this way would also fail the precise check; see `claim` in agent-ebpf.
+    pub rate_closed_until_jiffies: u64,
+    /// The same for the cooldown.
+    pub cooldown_closed_until_jiffies: u64,
 }
 
 /// One call of a `--slower-than` function that has been entered and not yet
@@ -300,7 +309,7 @@ mod tests {
         assert_eq!(size_of::<Cond>(), 16);
         assert_eq!(
             size_of::<TriggerConfig>(),
-            4 + 4 + 4 * MAX_TIDS + 4 + 4 + 16 * MAX_CONDS + 8 * 4
+            4 + 4 + 4 * MAX_TIDS + 4 + 4 + 16 * MAX_CONDS + 8 * 5
         );
         assert_eq!(size_of::<Frame>(), 16 + 8 * NARGS);
         assert_eq!(size_of::<FrameStack>(), 8 + size_of::<Frame>() * MAX_DEPTH);

@@ -35,10 +35,10 @@ mod prog {
         MAX_TIDS, MAX_TRIGGERS, NARGS, NCOUNTERS, StateKey, TriggerConfig, TriggerState,
     };
     use aya_ebpf::{
-        EbpfContext,
+        EbpfContext, Global,
         bindings::{BPF_NOEXIST, pt_regs},
         helpers::{
-            bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+            bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_ns,
             bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
         macros::{map, raw_tracepoint, uprobe, uretprobe},
@@ -168,10 +168,22 @@ mod prog {
         }
     }
 
+    /// Set at load time when the run has one trigger: its index, so the
+    /// programs skip `bpf_get_attach_cookie`. `u32::MAX` (several triggers):
+    /// read the cookie. A load-time constant, so the verifier prunes the
+    /// branch not taken.
+    #[unsafe(no_mangle)]
+    static MT_SINGLE_TRIGGER: Global<u32> = Global::new(u32::MAX);
+
     #[inline(always)]
     fn trigger_of<C: EbpfContext>(ctx: &C) -> Option<(u32, &'static TriggerConfig)> {
-        // SAFETY: the helper only reads the attach cookie of the running link.
-        let trigger = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+        let single = MT_SINGLE_TRIGGER.load();
+        let trigger = if single != u32::MAX {
+            single
+        } else {
+            // SAFETY: the helper only reads the attach cookie of the link.
+            unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+        };
         if trigger >= MAX_TRIGGERS {
             return None;
         }
@@ -283,35 +295,86 @@ mod prog {
         STATE.get_ptr_mut(&key)
     }
 
-    /// CLOCK_MONOTONIC, read at most once per hit and only when needed.
-    /// (`bpf_ktime_get_coarse_ns` would be cheaper, but uprobe programs may
-    /// not call it: it is not NMI-safe.)
-    struct Clock(u64);
+    /// CLOCK_MONOTONIC and jiffies, each read at most once per hit and only
+    /// when needed. Reading the precise clock (TSC) is the largest cost of a
+    /// dropped hit; jiffies is a plain load. (`bpf_ktime_get_coarse_ns`
+    /// would do too, but uprobe programs may not call it.)
+    struct Clock {
+        ns: u64,
+        jiffies: u64,
+    }
 
     impl Clock {
         #[inline(always)]
+        fn new(ns: u64) -> Self {
+            Self { ns, jiffies: 0 }
+        }
+
+        #[inline(always)]
         fn now(&mut self) -> u64 {
-            if self.0 == 0 {
+            if self.ns == 0 {
                 // SAFETY: helper without arguments.
-                self.0 = unsafe { bpf_ktime_get_ns() };
+                self.ns = unsafe { bpf_ktime_get_ns() };
             }
-            self.0
+            self.ns
+        }
+
+        #[inline(always)]
+        fn jiffies(&mut self) -> u64 {
+            if self.jiffies == 0 {
+                // SAFETY: helper without arguments.
+                self.jiffies = unsafe { bpf_jiffies64() };
+            }
+            self.jiffies
         }
     }
 
-    /// Takes the slot if the time is at or past its deadline, moving the
-    /// deadline to `now + interval_ns`. A compare-exchange makes this exact
-    /// when two CPUs try at the same instant: only one wins.
+    /// Takes the gate if the time is at or past its deadline `*next_ns`,
+    /// moving the deadline to `now + interval_ns`. A compare-exchange makes
+    /// this exact when two CPUs try at the same instant: only one wins.
+    ///
+    /// Fast path: while `jiffies < *closed_until`, the gate is surely closed
+    /// and the precise clock is not read. The winner sets `closed_until` to
+    /// the jiffies at its claim plus `interval / tick - 2`: a hit seen with
+    /// fewer jiffies than that comes less than `interval - tick` after the
+    /// claim, even if jiffies lags by a tick, so the precise check would
+    /// drop it too. Hits near the end of the interval take the precise path.
     #[inline(always)]
-    fn claim(slot: *mut u64, clock: &mut Clock, interval_ns: u64) -> bool {
-        // SAFETY: `slot` points into a map value that lives as long as the map.
-        let next = unsafe { core::ptr::read_volatile(slot) };
+    fn claim(
+        next_ns: *mut u64,
+        closed_until: *mut u64,
+        clock: &mut Clock,
+        interval_ns: u64,
+        tick_ns: u64,
+    ) -> bool {
+        if tick_ns > 0 {
+            // SAFETY: map value pointers that live as long as the map.
+            let until = unsafe { core::ptr::read_volatile(closed_until) };
+            if until != 0 && clock.jiffies() < until {
+                return false;
+            }
+        }
+        // SAFETY: as above.
+        let next = unsafe { core::ptr::read_volatile(next_ns) };
         let now = clock.now();
         if now < next {
             return false;
         }
         // SAFETY: as above.
-        unsafe { compare_exchange(slot, next, now + interval_ns) }
+        if !unsafe { compare_exchange(next_ns, next, now + interval_ns) } {
+            return false;
+        }
+        if tick_ns > 0 {
+            let ticks = interval_ns / tick_ns;
+            let until = if ticks > 2 {
+                clock.jiffies() + ticks - 2
+            } else {
+                0
+            };
+            // SAFETY: as above. Only the CAS winner writes it.
+            unsafe { core::ptr::write_volatile(closed_until, until) };
+        }
+        true
     }
 
     /// The filters shared by entry and return, in order: every, rate,
@@ -336,8 +399,10 @@ mod prog {
         if cfg.rate_interval_ns > 0
             && !claim(
                 unsafe { &raw mut (*state).rate_next_ns },
+                unsafe { &raw mut (*state).rate_closed_until_jiffies },
                 clock,
                 cfg.rate_interval_ns,
+                cfg.tick_ns,
             )
         {
             bump(trigger, Counter::DropRate);
@@ -347,8 +412,10 @@ mod prog {
         if cfg.cooldown_ns > 0
             && !claim(
                 unsafe { &raw mut (*state).cooldown_next_ns },
+                unsafe { &raw mut (*state).cooldown_closed_until_jiffies },
                 clock,
                 cfg.cooldown_ns,
+                cfg.tick_ns,
             )
         {
             bump(trigger, Counter::DropCooldown);
@@ -441,7 +508,7 @@ mod prog {
                 return None;
             }
         }
-        let mut clock = Clock(0);
+        let mut clock = Clock::new(0);
         if !gates(trigger, cfg, (pid_tgid >> 32) as u32, &mut clock) {
             return None;
         }
@@ -569,7 +636,7 @@ mod prog {
             bump(trigger, Counter::DropDuration);
             return None;
         }
-        let mut clock = Clock(now);
+        let mut clock = Clock::new(now);
         if !gates(trigger, cfg, (pid_tgid >> 32) as u32, &mut clock) {
             return None;
         }

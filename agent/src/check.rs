@@ -186,6 +186,7 @@ fn bpf_and_uprobes(r: &mut Report) {
         verbose: false,
         returns: false,
         uretprobe: false,
+        single_trigger: Some(0),
     }) {
         Ok(p) => {
             r.pass(

@@ -229,7 +229,25 @@ pub fn trigger_config(f: &Filters, go_abi: bool) -> Result<TriggerConfig, Failur
         cfg.rate_interval_ns = (1e9 / r).round().max(1.0) as u64;
     }
     cfg.cooldown_ns = f.cooldown.as_nanos() as u64;
+    cfg.tick_ns = kernel_tick_ns();
     Ok(cfg)
+}
+
+/// The kernel tick, ns: the resolution of CLOCK_MONOTONIC_COARSE (one
+/// jiffy). 0 when it cannot be trusted for the gates' jiffies fast path:
+/// with `nohz_full` CPUs, jiffies can lag by more than a tick.
+pub fn kernel_tick_ns() -> u64 {
+    let nohz_full =
+        std::fs::read_to_string("/sys/devices/system/cpu/nohz_full").unwrap_or_default();
+    let nohz_full = nohz_full.trim();
+    if !nohz_full.is_empty() && nohz_full != "(null)" {
+        return 0;
+    }
+    nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+        .ok()
+        .filter(|&ns| (1_000_000..=10_000_000).contains(&ns))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -62,6 +62,9 @@ pub struct LoadOptions {
     pub ring_bytes: u32,
     /// Enable the programs' aya-log records.
     pub verbose: bool,
+    /// The only trigger of the run, if there is one (skips reading the
+    /// attach cookie on every hit).
+    pub single_trigger: Option<u32>,
 }
 
 /// The loaded programs and their links.
@@ -82,6 +85,11 @@ impl Probes {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("HITS", opts.ring_bytes)
             .override_global("AYA_LOG_LEVEL", &level, true)
+            .override_global(
+                "MT_SINGLE_TRIGGER",
+                &opts.single_trigger.unwrap_or(u32::MAX),
+                true,
+            )
             .load(EBPF_OBJECT)
             .map_err(|e| classify(&e, "loading the eBPF programs"))?;
         let wanted = [

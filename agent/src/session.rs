@@ -269,6 +269,7 @@ pub async fn run(
         uretprobe: resolved
             .iter()
             .any(|(_, _, r, _)| matches!(r, Some(Returns::Uretprobe))),
+        single_trigger: (resolved.len() == 1).then_some(0),
     };
     let loader = std::thread::Builder::new()
         .name("mt-agent-load".into())
