@@ -204,6 +204,7 @@ int main(int argc, char **argv) {
       if (now_ns() >= end) break;
     }
     printf("calls %llu in %.3f s\n", (unsigned long long)n, (double)(now_ns() - t0) / 1e9);
+    fflush(stdout); /* the bench reads it while the agent still runs */
   } else if (!strcmp(mode, "slow")) {
     for (long i = 0; i < a; i++) f_slow(i);
   } else if (!strcmp(mode, "slowrec")) {
