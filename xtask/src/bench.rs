@@ -20,10 +20,12 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
     ]))?;
     let release = target_dir().join("release");
     let out = target_dir().join("bench").join("latest.json");
-    let mut cmd = privileged(release.join("bench"));
-    cmd.env("MT_AGENT_BIN", release.join("mt-agent"))
-        .arg("--out")
-        .arg(&out);
+    let agent = release.join("mt-agent");
+    let mut cmd = privileged(
+        release.join("bench"),
+        &[("MT_AGENT_BIN", agent.as_os_str())],
+    );
+    cmd.arg("--out").arg(&out);
     if quick {
         cmd.arg("--quick");
     }

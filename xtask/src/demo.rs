@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::{
     setup::setup,
-    util::{cargo, privileged, run, show, target_dir},
+    util::{cargo, is_root, privileged, run, show, target_dir},
 };
 
 /// Kills the workload when the demo ends, however it ends.
@@ -61,7 +61,7 @@ pub fn demo() -> anyhow::Result<()> {
         .as_secs();
     let out = target_dir().join("demo").join(format!("run-{stamp}"));
     std::fs::create_dir_all(out.parent().unwrap())?;
-    let mut agent = privileged(release.join("mt-agent"));
+    let mut agent = privileged(release.join("mt-agent"), &[]);
     agent
         .args([
             "--pid",
@@ -75,9 +75,18 @@ pub fn demo() -> anyhow::Result<()> {
         .arg(&out);
     run(&mut agent)?;
     drop(workload);
+    if !is_root() {
+        // The snapshots are the user's to read: hand the directory over.
+        // SAFETY: getuid/getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        run(privileged("chown", &[])
+            .arg("-R")
+            .arg(format!("{uid}:{gid}"))
+            .arg(&out))?;
+    }
 
     let index = out.join("snapshots.jsonl");
-    let text = output_as_root(Command::new("cat").arg(&index)).context("reading the index")?;
+    let text = std::fs::read_to_string(&index).context("reading the index")?;
     println!();
     println!("Snapshots in {}:", out.display());
     for line in text.lines() {
@@ -101,7 +110,7 @@ pub fn demo() -> anyhow::Result<()> {
                 _ => String::new(),
             }
         );
-        let report = output_as_root(
+        let report = output_of(
             Command::new("perf")
                 .args([
                     "report",
@@ -134,17 +143,14 @@ pub fn demo() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs a command with root privileges (the snapshots are mode 0600, owned by
-/// root) and returns its stdout.
-fn output_as_root(cmd: &mut Command) -> anyhow::Result<String> {
-    let mut c = privileged(cmd.get_program());
-    c.args(cmd.get_args());
+/// Runs a command and returns its stdout.
+fn output_of(c: &mut Command) -> anyhow::Result<String> {
     let out = c
         .stderr(Stdio::inherit())
         .output()
-        .with_context(|| show(&c))?;
+        .with_context(|| show(c))?;
     if !out.status.success() {
-        bail!("`{}` failed ({})", show(&c), out.status);
+        bail!("`{}` failed ({})", show(c), out.status);
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

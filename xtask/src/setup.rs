@@ -8,8 +8,9 @@
 //!   must link the same LLVM as the rustc that emits the bitcode);
 //! * the musl target, for `cargo xtask dist`;
 //! * perf (Debian: linux-perf);
-//! * with `--with-test-deps`: what the tests build and trace (gcc, g++,
-//!   binutils, golang-go, sqlite3, debootstrap, systemd, util-linux).
+//! * gcc, g++ and binutils (the test crate builds C and C++ programs);
+//! * with `--with-test-deps`: what the tests also use (golang-go, sqlite3,
+//!   debootstrap, systemd, util-linux).
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
@@ -19,11 +20,12 @@ use crate::util::{on_path, output, privileged, run};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// Debian packages the tests need.
+/// Debian packages needed to build everything, the demo included (the test
+/// crate compiles C and C++ programs).
+const BUILD_PACKAGES: &[&str] = &["gcc", "g++", "binutils"];
+
+/// Debian packages the tests also need.
 const TEST_PACKAGES: &[&str] = &[
-    "gcc",
-    "g++",
-    "binutils",
     "golang-go",
     "sqlite3",
     "debootstrap",
@@ -40,6 +42,7 @@ pub fn setup(with_test_deps: bool) -> anyhow::Result<()> {
     let llvm = ensure_nightly()?;
     ensure_bpf_linker(&llvm)?;
     ensure_musl_target()?;
+    ensure_packages(BUILD_PACKAGES)?;
     ensure_perf()?;
     if with_test_deps {
         ensure_packages(TEST_PACKAGES)?;
@@ -234,15 +237,14 @@ pub fn ensure_packages(pkgs: &[&str]) -> anyhow::Result<()> {
         );
     }
     let install = || {
-        let mut c = privileged("apt-get");
+        let mut c = privileged("apt-get", &[("DEBIAN_FRONTEND", "noninteractive".as_ref())]);
         c.args(["install", "-y", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive");
+            .args(&missing);
         run(&mut c)
     };
     if install().is_err() {
         // Package lists may be missing or stale on a fresh machine.
-        run(privileged("apt-get").arg("update"))?;
+        run(privileged("apt-get", &[]).arg("update"))?;
         install()?;
     }
     Ok(())

@@ -10,7 +10,7 @@ use std::{path::Path, process::Command, time::Instant};
 use crate::{
     dist::dist,
     setup::setup,
-    util::{cargo, is_root, run, target_dir},
+    util::{cargo, is_root, privileged_runner, run, target_dir},
 };
 
 /// The end-to-end test files, in the order they run; `dist` needs the
@@ -52,23 +52,22 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         "xtask",
     ]))?;
     // Privileged end-to-end tests, one at a time.
-    let e2e = |tests: &[&str], env: &[(&str, &Path)]| -> anyhow::Result<()> {
+    let agent = target_dir().join("debug").join("mt-agent");
+    let e2e = |tests: &[&str], extra: &[(&str, &Path)]| -> anyhow::Result<()> {
+        let mut env: Vec<(&str, &std::ffi::OsStr)> = vec![("MT_AGENT_BIN", agent.as_os_str())];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.as_os_str())));
         let mut c = cargo();
         c.args(["test", "-p", "mt-agent-tests"]);
         for t in tests {
             c.args(["--test", t]);
         }
-        if !is_root() {
-            c.args([
-                "--config",
-                "target.x86_64-unknown-linux-gnu.runner='sudo --preserve-env'",
-            ]);
+        if is_root() {
+            c.envs(env.iter().map(|(k, v)| (*k, *v)));
+        } else {
+            // The test binaries run as root through sudo, with these variables.
+            c.arg("--config").arg(privileged_runner(&env));
         }
         c.arg("--").arg("--test-threads=1").args(filter);
-        c.env("MT_AGENT_BIN", target_dir().join("debug").join("mt-agent"));
-        for (k, v) in env {
-            c.env(k, v);
-        }
         run(&mut c)
     };
     e2e(E2E, &[])?;

@@ -15,15 +15,41 @@ pub fn is_root() -> bool {
 }
 
 /// A command that runs with root privileges: as is when we are root, else
-/// through `sudo` (keeping the environment, so cargo and rustup still work).
-pub fn privileged(program: impl AsRef<std::ffi::OsStr>) -> Command {
+/// through `sudo env K=V ... PROGRAM`. The variables are passed explicitly
+/// (not `sudo --preserve-env`, which sudoers often refuse); sudo resets the
+/// rest, HOME included, so nothing root-owned lands in the user's home.
+pub fn privileged(
+    program: impl AsRef<std::ffi::OsStr>,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Command {
     if is_root() {
-        Command::new(program)
+        let mut c = Command::new(program);
+        c.envs(env.iter().map(|(k, v)| (*k, *v)));
+        c
     } else {
         let mut c = Command::new("sudo");
-        c.arg("--preserve-env").arg(program);
+        c.arg("env");
+        for (k, v) in env {
+            let mut kv = std::ffi::OsString::from(format!("{k}="));
+            kv.push(v);
+            c.arg(kv);
+        }
+        c.arg(program);
         c
     }
+}
+
+/// The same as a cargo `runner` (a TOML array), for `cargo test --config`.
+pub fn privileged_runner(env: &[(&str, &std::ffi::OsStr)]) -> String {
+    let mut parts = vec!["sudo".to_string(), "env".to_string()];
+    for (k, v) in env {
+        parts.push(format!("{k}={}", v.to_string_lossy()));
+    }
+    let quoted: Vec<String> = parts.iter().map(|p| format!("{p:?}")).collect();
+    format!(
+        "target.x86_64-unknown-linux-gnu.runner=[{}]",
+        quoted.join(",")
+    )
 }
 
 /// Runs a command, echoing it; fails if it fails.
