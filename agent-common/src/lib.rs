@@ -23,6 +23,10 @@ pub const MAX_TIDS: usize = 8;
 /// thread (or Go goroutine) can have before the oldest entry is forgotten.
 pub const MAX_DEPTH: usize = 16;
 
+/// Most threads (Go: goroutines) that can be inside a `--slower-than` call
+/// at once, over all triggers: entries of the `FRAMES` map.
+pub const MAX_FRAME_STACKS: u32 = 16384;
+
 /// Number of argument registers captured per hit.
 pub const NARGS: usize = 6;
 
@@ -280,10 +284,15 @@ pub enum Counter {
     Accepted = 8,
     /// Accepted, but the ring buffer was full, so the record was lost.
     Lost = 9,
+    /// Dropped because a map operation failed: the `FRAMES` map was full
+    /// ([`MAX_FRAME_STACKS`] threads inside `--slower-than` calls), a Go
+    /// goroutine's stack bounds could not be read, or the per-process state
+    /// map could not take a new process.
+    DropError = 10,
 }
 
 /// Number of [`Counter`] slots per trigger.
-pub const NCOUNTERS: u32 = 10;
+pub const NCOUNTERS: u32 = 11;
 
 #[cfg(feature = "user")]
 mod pod {

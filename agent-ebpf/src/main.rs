@@ -31,8 +31,9 @@ mod prog {
 
     use agent_common::{
         CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, CFG_PER_PROCESS, Counter, DEFAULT_RING_BYTES, Exec,
-        Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_STATES,
-        MAX_TIDS, MAX_TRIGGERS, NARGS, NCOUNTERS, StateKey, TriggerConfig, TriggerState,
+        Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_FRAME_STACKS,
+        MAX_STATES, MAX_TIDS, MAX_TRIGGERS, NARGS, NCOUNTERS, StateKey, TriggerConfig,
+        TriggerState,
     };
     use aya_ebpf::{
         EbpfContext, Global,
@@ -42,7 +43,7 @@ mod prog {
             bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
         macros::{map, raw_tracepoint, uprobe, uretprobe},
-        maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+        maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
         programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     };
     use aya_log_ebpf::{debug, warn};
@@ -72,9 +73,13 @@ mod prog {
     #[map]
     static HITS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 
-    /// Open `--slower-than` calls per trigger and thread (or goroutine).
+    /// Open `--slower-than` calls per trigger and thread (or goroutine). A
+    /// plain hash, not LRU: an LRU map would evict the stack of a thread
+    /// whose call is still open and lose it without a count. An entry is
+    /// removed when its stack empties, so only threads inside a call hold
+    /// one; when the map is full, the new call counts as `DropError`.
     #[map]
-    static FRAMES: LruHashMap<FrameKey, FrameStack> = LruHashMap::with_max_entries(4096, 0);
+    static FRAMES: HashMap<FrameKey, FrameStack> = HashMap::with_max_entries(MAX_FRAME_STACKS, 0);
 
     /// An all-zero `FrameStack` to insert from: it is too large for the
     /// 512-byte BPF stack.
@@ -299,20 +304,32 @@ mod prog {
     /// when needed. Reading the precise clock (TSC) is the largest cost of a
     /// dropped hit; jiffies is a plain load. (`bpf_ktime_get_coarse_ns`
     /// would do too, but uprobe programs may not call it.)
+    ///
+    /// When the jiffies fast path is on (`tick_ns > 0`), jiffies is always
+    /// read before the precise clock, so the jiffies a claim records is never
+    /// later than its nanoseconds (see [`claim`]).
     struct Clock {
         ns: u64,
         jiffies: u64,
+        use_jiffies: bool,
     }
 
     impl Clock {
         #[inline(always)]
-        fn new(ns: u64) -> Self {
-            Self { ns, jiffies: 0 }
+        fn new(tick_ns: u64) -> Self {
+            Self {
+                ns: 0,
+                jiffies: 0,
+                use_jiffies: tick_ns > 0,
+            }
         }
 
         #[inline(always)]
         fn now(&mut self) -> u64 {
             if self.ns == 0 {
+                if self.use_jiffies {
+                    self.jiffies();
+                }
                 // SAFETY: helper without arguments.
                 self.ns = unsafe { bpf_ktime_get_ns() };
             }
@@ -329,16 +346,26 @@ mod prog {
         }
     }
 
+    /// Ticks kept off the jiffies fast path at the end of an interval (see
+    /// [`claim`]): 1 because the claim's jiffies may be just before a tick,
+    /// plus how far jiffies may trail the clock. The kernel lets a stalled
+    /// jiffies update lag up to `MAX_STALLED_JIFFIES` = 5 ticks before
+    /// another CPU takes it over (kernel/time/tick-sched.c), plus 1 for a
+    /// tick in flight.
+    const JIFFIES_MARGIN: u64 = 7;
+
     /// Takes the gate if the time is at or past its deadline `*next_ns`,
     /// moving the deadline to `now + interval_ns`. A compare-exchange makes
     /// this exact when two CPUs try at the same instant: only one wins.
     ///
     /// Fast path: while `jiffies < *closed_until`, the gate is surely closed
     /// and the precise clock is not read. The winner sets `closed_until` to
-    /// the jiffies at its claim plus `interval / tick - 2`: a hit seen with
-    /// fewer jiffies than that comes less than `interval - tick` after the
-    /// claim, even if jiffies lags by a tick, so the precise check would
-    /// drop it too. Hits near the end of the interval take the precise path.
+    /// `j0 + interval / tick - JIFFIES_MARGIN`, where `j0` is the jiffies it
+    /// read before its precise clock. A later hit that sees jiffies `j` below
+    /// that comes at most `(j - j0 + 1 + lag) * tick` after the claim, where
+    /// lag is how many ticks jiffies may trail the clock; with the margin
+    /// covering that, the precise check would drop the hit too. Hits near
+    /// the end of the interval take the precise path.
     #[inline(always)]
     fn claim(
         next_ns: *mut u64,
@@ -366,8 +393,8 @@ mod prog {
         }
         if tick_ns > 0 {
             let ticks = interval_ns / tick_ns;
-            let until = if ticks > 2 {
-                clock.jiffies() + ticks - 2
+            let until = if ticks > JIFFIES_MARGIN {
+                clock.jiffies() + ticks - JIFFIES_MARGIN
             } else {
                 0
             };
@@ -385,6 +412,7 @@ mod prog {
             return true;
         }
         let Some(state) = state_of(trigger, cfg, tgid) else {
+            bump(trigger, Counter::DropError);
             return false;
         };
         if cfg.every > 1 {
@@ -469,6 +497,21 @@ mod prog {
         }
     }
 
+    /// The frame stack of `key`, created empty if it has none.
+    #[inline(always)]
+    fn frame_stack(key: &FrameKey) -> Option<*mut FrameStack> {
+        if let Some(stack) = FRAMES.get_ptr_mut(key) {
+            return Some(stack);
+        }
+        let empty = EMPTY_FRAMES.get_ptr(0)?;
+        // SAFETY: `empty` is a valid per-CPU map value. NOEXIST: only this
+        // thread (goroutine) uses this key, so nothing else creates it.
+        FRAMES
+            .insert(key, unsafe { &*empty }, BPF_NOEXIST as u64)
+            .ok()?;
+        FRAMES.get_ptr_mut(key)
+    }
+
     /// Identity of the current thread (SysV) or goroutine (Go), and the
     /// position of the current frame on its stack, as a number that grows
     /// with depth: for SysV `!rsp`; for Go, `g.stack.hi - rsp`, which stays
@@ -508,7 +551,7 @@ mod prog {
                 return None;
             }
         }
-        let mut clock = Clock::new(0);
+        let mut clock = Clock::new(cfg.tick_ns);
         if !gates(trigger, cfg, (pid_tgid >> 32) as u32, &mut clock) {
             return None;
         }
@@ -537,7 +580,7 @@ mod prog {
         // SAFETY: helper without arguments.
         let now = unsafe { bpf_ktime_get_ns() };
         let Some((id, pos)) = frame_position(regs, go_abi, pid_tgid) else {
-            bump(trigger, Counter::DropNoReturn);
+            bump(trigger, Counter::DropError);
             return None;
         };
         let key = FrameKey {
@@ -545,14 +588,9 @@ mod prog {
             trigger,
             _pad: 0,
         };
-        let stack = match FRAMES.get_ptr_mut(&key) {
-            Some(stack) => stack,
-            None => {
-                let empty = EMPTY_FRAMES.get_ptr(0)?;
-                // SAFETY: `empty` is a valid per-CPU map value.
-                FRAMES.insert(&key, unsafe { &*empty }, 0).ok()?;
-                FRAMES.get_ptr_mut(&key)?
-            }
+        let Some(stack) = frame_stack(&key) else {
+            bump(trigger, Counter::DropError);
+            return None;
         };
         // SAFETY: map value pointer, only this thread (goroutine) touches it.
         let stack = unsafe { &mut *stack };
@@ -628,15 +666,19 @@ mod prog {
             bump(trigger, Counter::DropNoReturn);
             i += 1;
         }
+        if stack.depth == 0 {
+            // No open call left on this thread: free its slot. `found` is a
+            // copy, so the frame outlives the entry.
+            let _ = FRAMES.remove(&key);
+        }
         let frame = found?;
-        // SAFETY: helper without arguments.
-        let now = unsafe { bpf_ktime_get_ns() };
+        let mut clock = Clock::new(cfg.tick_ns);
+        let now = clock.now();
         let duration_ns = now.saturating_sub(frame.entry_ns);
         if duration_ns < cfg.slower_than_ns {
             bump(trigger, Counter::DropDuration);
             return None;
         }
-        let mut clock = Clock::new(now);
         if !gates(trigger, cfg, (pid_tgid >> 32) as u32, &mut clock) {
             return None;
         }

@@ -99,14 +99,25 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn kernel(r: &mut Report) {
+/// The oldest kernel mt-agent runs on: 5.15 has the BPF ring buffer (5.8)
+/// and attach cookies for uprobes (5.15).
+pub const MIN_KERNEL: (u32, u32) = (5, 15);
+
+/// The running kernel's release string and its (major, minor), from
+/// `/proc/sys/kernel/osrelease`; (0, 0) if it cannot be read.
+pub fn kernel_version() -> (String, (u32, u32)) {
     let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let release = release.trim();
+    let release = release.trim().to_string();
     let mut parts = release
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|p| p.parse::<u32>().ok());
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) >= (5, 15) {
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (release, version)
+}
+
+fn kernel(r: &mut Report) {
+    let (release, version) = kernel_version();
+    if version >= MIN_KERNEL {
         r.pass(
             "kernel",
             format!("{release} (needs 5.15+: BPF ring buffer, uprobe attach cookies)"),
@@ -114,7 +125,7 @@ fn kernel(r: &mut Report) {
     } else {
         r.fail(
             "kernel",
-            release.to_string(),
+            release,
             "mt-agent needs Linux 5.15 or later (attach cookies)",
         );
     }

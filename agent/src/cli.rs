@@ -84,13 +84,23 @@ pub struct RunArgs {
     pub exe: Option<PathBuf>,
 
     /// With --exe: at most N processes recorded at once; more are counted
-    /// and reported.
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_targets: u64,
+    /// and reported. [default: 8]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_targets: Option<u64>,
 
     /// Several triggers from a TOML file (see the README); what the systemd
-    /// unit runs.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["pid", "exe", "symbol"])]
+    /// unit runs. Trigger options (--symbol, --when, --cooldown, ...) go in
+    /// the file; run options given here (--output, --event, --freq, --keep,
+    /// --perf, --max-targets, extra perf arguments) override the file's.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = [
+            "pid", "exe", "symbol", "object", "offset", "address", "wait_for_symbol",
+            "cooldown", "when", "slower_than", "use_uretprobe", "every", "tids",
+            "max_rate", "after", "max_snapshots",
+        ]
+    )]
     pub config: Option<PathBuf>,
 
     /// Trigger function: a plain, mangled or demangled name
@@ -196,9 +206,9 @@ pub struct RunArgs {
     #[arg(long, short = 'e', value_name = "EVENT")]
     pub event: Option<String>,
 
-    /// Sampling frequency, in Hz.
-    #[arg(long, short = 'F', value_name = "HZ", default_value_t = 999)]
-    pub freq: u32,
+    /// Sampling frequency, in Hz. [default: 999]
+    #[arg(long, short = 'F', value_name = "HZ")]
+    pub freq: Option<u32>,
 
     /// Let perf record BPF program events (its default). mt-agent passes
     /// --no-bpf-event otherwise: perf would rewrite every known BPF
@@ -443,6 +453,16 @@ mod tests {
         assert!(Cli::try_parse_from(["mt-agent", "--exe", "/bin/x", "--symbol", "f"]).is_ok());
         assert!(Cli::try_parse_from(["mt-agent", "--config", "x.toml"]).is_ok());
         assert!(Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--pid", "1"]).is_err());
+        assert!(
+            Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--cooldown", "1s"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--when", "arg0 == 1"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["mt-agent", "--config", "x.toml", "-o", "/tmp/x", "-F", "99"])
+                .is_ok()
+        );
         assert!(Cli::try_parse_from(["mt-agent", "--exe", "/x", "--pid", "1", "-s", "f"]).is_err());
         assert!(Cli::try_parse_from(["mt-agent", "--pid", "1", "--symbol", "f"]).is_ok());
         assert!(Cli::try_parse_from(["mt-agent", "check"]).is_ok());

@@ -611,6 +611,12 @@ impl Driver {
     }
 
     fn recorder_event(&mut self, slot: usize, kind: u64) {
+        if matches!(kind, K_STDERR | K_PERF_EXIT) {
+            // A Dump line (or perf's exit) may race hits already in the ring
+            // buffer: deliver those first, so they land in the snapshot that
+            // was being written when they happened.
+            self.read_ring();
+        }
         let Some(r) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
@@ -673,7 +679,13 @@ impl Driver {
         if let Err(f) = self.attach(&plan) {
             self.detach_trigger(trigger);
             if let Some(r) = self.slots[slot].as_mut() {
-                r.fail(f);
+                if target::is_alive(pid) {
+                    r.fail(f);
+                } else {
+                    // The target exited while perf started (attach fails
+                    // with ESRCH): a normal end, not a failure.
+                    r.stop(EndReason::TargetExited);
+                }
             }
             return;
         }
@@ -844,9 +856,37 @@ impl Driver {
         }
     }
 
+    /// After detaching: drains the ring buffer until the counters account
+    /// for every hit (`seen = Σ dropped + accepted + open calls` and
+    /// `accepted = read + lost`), for at most 100 ms. A program that was
+    /// running when its probe went away may still be between its counter
+    /// bump and its ring-buffer submit.
+    fn settle_counters(&mut self) {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        loop {
+            self.read_ring();
+            let Some(c) = self.counters.get() else {
+                return;
+            };
+            let (mut seen, mut accounted, mut accepted, mut lost) = (0, 0, 0, 0);
+            for t in &self.s.triggers {
+                let v = c.read(t.index);
+                seen += v.seen;
+                accounted += v.dropped.total() + v.accepted + c.open_calls(t.index);
+                accepted += v.accepted;
+                lost += v.lost;
+            }
+            if (seen == accounted && accepted == self.next_seq + lost) || Instant::now() >= deadline
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
-        self.read_ring();
+        self.settle_counters();
         let mut counters = CounterValues::default();
         let mut open_calls = 0;
         if let Some(c) = self.counters.get() {

@@ -7,8 +7,8 @@
 //! {"kind":"hit","file":"perf.data.2026113007462335","bytes":5416,
 //!  "hits":[{"seq":1,"tgid":4242,"tid":4243,"cpu":1,"ktime_ns":330734672679,
 //!           "args":[0,0,0,0,0,0],"merged":false}],
-//!  "hit_to_kill_ns":153000,"counters":{...}}
-//! {"kind":"tail","file":"perf.data.2026113007462401","bytes":812,"hits":[],"counters":{...}}
+//!  "hit_to_kill_ns":153000,"counters":{...},"merged":0}
+//! {"kind":"tail","file":"perf.data.2026113007462401","bytes":812,"hits":[],"counters":{...},"merged":0}
 //! {"kind":"deleted","file":"perf.data.2026113007462335"}
 //! ```
 //!

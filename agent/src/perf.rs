@@ -269,9 +269,20 @@ impl PerfProcess {
             .with_context(|| format!("starting {}", spec.perf.display()))?;
         drop((ctl_r, ack_w));
         let stderr = child.stderr.take().expect("stderr is piped");
-        set_nonblocking(stderr.as_fd())?;
-        set_nonblocking(ack_r.as_fd())?;
-        let pidfd = pidfd_open(child.id() as i32).context("pidfd_open(perf)")?;
+        let setup = || -> anyhow::Result<OwnedFd> {
+            set_nonblocking(stderr.as_fd())?;
+            set_nonblocking(ack_r.as_fd())?;
+            pidfd_open(child.id() as i32).context("pidfd_open(perf)")
+        };
+        let pidfd = match setup() {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Nothing would watch this perf: end it now.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
         Ok(Self {
             child,
             pidfd,

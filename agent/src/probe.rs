@@ -327,6 +327,8 @@ pub struct Dropped {
     pub cooldown: u64,
     /// `--slower-than` calls that left without a probed `ret`.
     pub no_return: u64,
+    /// A map was full or a read failed (`Counter::DropError`).
+    pub error: u64,
 }
 
 impl Dropped {
@@ -339,6 +341,7 @@ impl Dropped {
             + self.rate
             + self.cooldown
             + self.no_return
+            + self.error
     }
 
     /// `cooldown 9990, when 3`: the non-zero reasons.
@@ -351,6 +354,7 @@ impl Dropped {
             ("rate", self.rate),
             ("cooldown", self.cooldown),
             ("no-return", self.no_return),
+            ("error", self.error),
         ]
         .iter()
         .filter(|(_, n)| *n > 0)
@@ -385,6 +389,7 @@ impl Counters {
                 rate: get(Counter::DropRate),
                 cooldown: get(Counter::DropCooldown),
                 no_return: get(Counter::DropNoReturn),
+                error: get(Counter::DropError),
             },
             accepted: get(Counter::Accepted),
             lost: get(Counter::Lost),

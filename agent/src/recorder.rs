@@ -290,6 +290,9 @@ impl Recorder {
     /// perf (or SIGTERM it if it is not ready yet).
     pub fn stop(&mut self, reason: EndReason) {
         self.reason.get_or_insert(reason);
+        // The escalation clock starts now, whatever the state machine does
+        // (it may still wait for a switch in flight).
+        self.stopping_since.get_or_insert_with(Instant::now);
         if self.ready_at.is_none() {
             // perf is not in its main loop yet; it would not read `stop`.
             self.perf.signal(Signal::SIGTERM);
@@ -381,14 +384,16 @@ impl Recorder {
             let wait = Duration::from_nanos(ns.saturating_sub(crate::driver::monotonic_ns()));
             next = next.min(now + wait);
         }
-        if let Some(since) = self.stopping_since {
+        if let Some(since) = self.stopping_since
+            && !self.sent_kill
+        {
             next = next.min(if self.sent_term {
                 since + 2 * ESCALATE_AFTER
             } else {
                 since + ESCALATE_AFTER
             });
         }
-        if self.ready_at.is_none() {
+        if self.ready_at.is_none() && self.failure.is_none() {
             next = next.min(self.spawned + READY_TIMEOUT);
         }
         next
@@ -403,11 +408,11 @@ impl Recorder {
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_else(|| path.display().to_string());
-                    if !self.indexed.contains(&name) {
-                        let actions = self.machine.on_dump(name, crate::driver::monotonic_ns());
-                        let n = self.apply(actions);
-                        notes.limit_reached |= n.limit_reached;
-                    }
+                    // Every Dump is a switch perf finished, even one that
+                    // reused a name (see `index`): the state machine counts it.
+                    let actions = self.machine.on_dump(name, crate::driver::monotonic_ns());
+                    let n = self.apply(actions);
+                    notes.limit_reached |= n.limit_reached;
                 }
                 PerfLine::Other(l) => {
                     if l.contains("No space left on device") {
@@ -445,6 +450,20 @@ impl Recorder {
     /// Writes a completed snapshot to the index, with the kernel's counters
     /// of this trigger at that moment.
     fn index(&mut self, snap: Snapshot) {
+        if self.indexed.contains(&snap.file) {
+            // perf names files by wall-clock time, so a clock stepped back
+            // (NTP, an operator) can reuse a name; `rename()` then replaced
+            // the earlier snapshot.
+            self.reporter.warning(&format!(
+                "perf reused the file name {} (the wall clock stepped back?): the earlier \
+                 snapshot with that name was overwritten",
+                snap.file
+            ));
+            self.listed.retain(|f| f != &snap.file);
+            if let Err(e) = self.index.deleted(&snap.file) {
+                self.index_failed(e);
+            }
+        }
         let path = self.dir.join(&snap.file);
         let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let counters = self
@@ -536,7 +555,8 @@ impl Recorder {
                 self.tgid
             ));
         }
-        let target_alive = target::is_alive(self.tgid);
+        let target_alive =
+            !matches!(self.reason, Some(EndReason::TargetExited)) && target::is_alive(self.tgid);
         if !target_alive && self.reason.is_none() {
             self.reason = Some(EndReason::TargetExited);
         }
@@ -587,7 +607,8 @@ impl Recorder {
 }
 
 /// The failure for a perf that exited before it was ready: bad arguments
-/// (exit code 2) or anything else (4), with its last stderr lines.
+/// (exit code 2), no permission to open perf events (3) or anything else
+/// (4), with its last stderr lines.
 fn perf_start_failure(status: Option<std::process::ExitStatus>, lines: &[String]) -> Failure {
     let how = status
         .map(perf::describe_status)
@@ -600,9 +621,22 @@ fn perf_start_failure(status: Option<std::process::ExitStatus>, lines: &[String]
             || l.contains("unknown switch")
             || l.contains("invalid or unsupported event")
     });
+    // perf's messages for EACCES/EPERM from perf_event_open
+    // (tools/perf/util/evsel.c, evsel__open_strerror).
+    let denied = lines.iter().find(|l| {
+        l.contains("Permission denied")
+            || l.contains("perf_event_paranoid")
+            || l.contains("No permission")
+    });
     let first = lines.first().cloned().unwrap_or_default();
     let detail = lines.iter().map(|l| format!("perf: {l}"));
-    if usage {
+    if let Some(why) = denied.filter(|_| !usage) {
+        Failure::environment(format!(
+            "perf may not open its events here ({how}): {why}; run as root or with \
+             CAP_PERFMON/CAP_SYS_ADMIN, or lower kernel.perf_event_paranoid"
+        ))
+        .with_detail(detail)
+    } else if usage {
         Failure::usage(format!(
             "perf rejected its arguments ({how}): {first}; fix --event or the extra perf arguments"
         ))
@@ -628,6 +662,7 @@ pub fn add_counters(a: &mut CounterValues, b: &CounterValues) {
     x.rate += y.rate;
     x.cooldown += y.cooldown;
     x.no_return += y.no_return;
+    x.error += y.error;
 }
 
 /// Sums state-machine counts.
@@ -637,4 +672,33 @@ pub fn add_stats(a: &mut Stats, b: &Stats) {
     a.hit_snapshots += b.hit_snapshots;
     a.tail_snapshots += b.tail_snapshots;
     a.unsnapshotted += b.unsnapshotted;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+    use crate::error::ExitCode;
+
+    fn failure_for(lines: &[&str]) -> Failure {
+        let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        perf_start_failure(Some(std::process::ExitStatus::from_raw(255 << 8)), &lines)
+    }
+
+    #[test]
+    fn perf_start_failures_get_the_documented_exit_code() {
+        let bad_event = failure_for(&["event syntax error: 'nosuch'", "Run 'perf list'"]);
+        assert_eq!(bad_event.code, ExitCode::Usage);
+        let denied = failure_for(&[
+            "Error:",
+            "Access to performance monitoring and observability operations is limited.",
+            "perf_event_paranoid setting is 4:",
+        ]);
+        assert_eq!(denied.code, ExitCode::Environment);
+        assert!(denied.message.contains("paranoid"), "{}", denied.message);
+        let other = failure_for(&["failed to mmap with 12 (Cannot allocate memory)"]);
+        assert_eq!(other.code, ExitCode::Runtime);
+        assert_eq!(other.detail.len(), 1);
+    }
 }

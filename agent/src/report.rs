@@ -2,8 +2,9 @@
 //! newline-delimited JSON on stdout, each line flushed.
 //!
 //! JSON events have an `"event"` field: `armed`, `hit_accepted`, `snapshot`,
-//! `warning`, `summary`, `error`. Their fields are part of mt-agent's
-//! interface (README, "JSON events").
+//! `target_started`, `target_finished` (for `exe` triggers), `warning`,
+//! `summary`, `error`. Their fields are part of mt-agent's interface (README,
+//! "JSON events").
 
 use std::{
     io::{self, Write},

@@ -21,7 +21,7 @@ use tokio::{
 };
 
 use crate::{
-    caps,
+    caps, check,
     cli::{RunArgs, check_perf_args},
     conditions::{Filters, trigger_config},
     config,
@@ -36,6 +36,11 @@ use crate::{
     target,
     trigger::Policy,
 };
+
+/// perf's sampling frequency unless told otherwise, Hz.
+const DEFAULT_FREQ: u32 = 999;
+/// `--max-targets` unless told otherwise.
+const DEFAULT_MAX_TARGETS: u64 = 8;
 
 /// What one trigger watches, as given.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,10 +109,10 @@ fn from_cli(args: &RunArgs) -> (RunSettings, Vec<TriggerArgs>) {
         dated_output: false,
         perf: args.perf.clone(),
         event: args.event.clone(),
-        freq: args.freq,
+        freq: args.freq.unwrap_or(DEFAULT_FREQ),
         keep: args.keep,
         perf_args: args.perf_args.clone(),
-        max_targets: args.max_targets,
+        max_targets: args.max_targets.unwrap_or(DEFAULT_MAX_TARGETS),
     };
     (s, vec![t])
 }
@@ -147,18 +152,22 @@ fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerA
         });
     }
     let s = RunSettings {
-        output: c.output.or_else(|| args.output.clone()),
+        // What the command line says wins over the file.
+        output: args.output.clone().or(c.output),
         dated_output: true,
-        perf: c.perf.or_else(|| args.perf.clone()),
-        event: c.event.or_else(|| args.event.clone()),
-        freq: c.freq.unwrap_or(args.freq),
-        keep: c.keep.or(args.keep),
-        perf_args: if c.perf_args.is_empty() {
-            args.perf_args.clone()
-        } else {
+        perf: args.perf.clone().or(c.perf),
+        event: args.event.clone().or(c.event),
+        freq: args.freq.or(c.freq).unwrap_or(DEFAULT_FREQ),
+        keep: args.keep.or(c.keep),
+        perf_args: if args.perf_args.is_empty() {
             c.perf_args
+        } else {
+            args.perf_args.clone()
         },
-        max_targets: c.max_targets.unwrap_or(args.max_targets),
+        max_targets: args
+            .max_targets
+            .or(c.max_targets)
+            .unwrap_or(DEFAULT_MAX_TARGETS),
     };
     Ok((s, triggers))
 }
@@ -181,6 +190,14 @@ pub async fn run(
     }
     for t in &triggers {
         trigger_config(&t.filters, false)?;
+    }
+    let (release, version) = check::kernel_version();
+    if version < check::MIN_KERNEL {
+        return Err(Failure::environment(format!(
+            "kernel {release} is too old: mt-agent needs Linux 5.15 or later (BPF ring buffer, \
+             uprobe attach cookies); `mt-agent check` lists what else is missing"
+        ))
+        .into());
     }
     for t in &triggers {
         match &t.watch {
@@ -454,6 +471,15 @@ fn plan_returns(
     if t.filters.slower_than.is_none() {
         return Ok(None);
     }
+    if res.probe_offset > 0 {
+        // The entry probe would see the stack pointer after the prologue's
+        // pushes, so no return would ever match its frame.
+        return Err(Failure::usage(format!(
+            "--slower-than times a call from its entry, but the probe is at {}+{:#x}; drop \
+             --offset/--address or point it at the function's first instruction",
+            res.function.demangled, res.probe_offset
+        )));
+    }
     if t.use_uretprobe {
         if res.is_go {
             return Err(Failure::usage(
@@ -520,4 +546,41 @@ fn own_cpu_seconds() -> f64 {
 pub fn peak_rss_kib() -> Option<u64> {
     target::status_field(std::process::id() as i32, "VmHWM")
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::Cli;
+
+    #[test]
+    fn command_line_run_options_override_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "output = \"/from/file\"\nfreq = 49\nmax_targets = 3\nevent = \"task-clock\"\n\
+             [[trigger]]\npid = 1\nsymbol = \"f\"\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let run_args = |argv: &[&str]| -> RunArgs {
+            let cli = Cli::try_parse_from(argv).unwrap();
+            cli.run
+        };
+        let (s, t) = from_config(&path, &run_args(&["mt-agent", "--config", p])).unwrap();
+        assert_eq!(s.output.as_deref(), Some(Path::new("/from/file")));
+        assert_eq!((s.freq, s.max_targets), (49, 3));
+        assert_eq!(s.event.as_deref(), Some("task-clock"));
+        assert_eq!(t.len(), 1);
+        let (s, _) = from_config(
+            &path,
+            &run_args(&["mt-agent", "--config", p, "-o", "/from/cli", "-F", "99"]),
+        )
+        .unwrap();
+        assert_eq!(s.output.as_deref(), Some(Path::new("/from/cli")));
+        assert_eq!((s.freq, s.max_targets), (99, 3));
+    }
 }

@@ -272,6 +272,9 @@ impl Trigger {
                 }
                 hits.listed.sort_by_key(|h| h.seq);
                 self.stats.tail_snapshots += 1;
+                // perf is ending: a signal now would only race its exit, and
+                // it needs no `stop`. Later hits wait for the end (unsnapshotted).
+                self.phase = Phase::StopSent;
                 actions.push(Action::Index(Snapshot {
                     kind: SnapshotKind::Tail,
                     file,
@@ -387,6 +390,20 @@ mod tests {
         assert_eq!(s[0].hits.len(), 1);
         assert_eq!(s[0].hit_to_kill_ns, Some(150_000));
         assert_eq!(t.stats().hit_snapshots, 1);
+    }
+
+    #[test]
+    fn after_perf_closes_a_file_on_its_own_no_signal_is_sent() {
+        let mut t = Trigger::new(Policy::default());
+        // perf is ending (the target exited): it writes its last file.
+        let a = t.on_dump("tail".into(), 10 * MS);
+        assert_eq!(indexed(&a)[0].kind, SnapshotKind::Tail);
+        // A hit that comes after must not signal a perf that is exiting,
+        // and no `stop` is sent either.
+        assert!(t.on_hit(hit(1, 50 * MS), 50 * MS).is_empty());
+        assert!(t.on_tick(100 * MS).is_empty());
+        assert!(t.on_stop_request(100 * MS).is_empty());
+        assert_eq!(t.on_perf_exit(), 1);
     }
 
     #[test]

@@ -398,7 +398,11 @@ impl Agent {
         let out = tmp.path().join("out");
         let mut cmd = Command::new(agent_bin());
         cmd.args(args);
-        if !args.iter().any(|a| *a == "--output" || *a == "-o") {
+        // A --config run takes its output from the file.
+        if !args
+            .iter()
+            .any(|a| *a == "--output" || *a == "-o" || *a == "--config")
+        {
             cmd.arg("--output").arg(&out);
         }
         adjust(&mut cmd);

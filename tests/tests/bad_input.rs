@@ -169,3 +169,22 @@ fn perf_options_that_break_the_agent_are_refused() {
     let run = refused(&["--pid", &pid, "--symbol", "trigger", "--", "-q"]);
     assert_one_error_line(&run, 2, "perf option `-q` is not allowed");
 }
+
+#[test]
+fn slower_than_with_an_offset_is_refused() {
+    // trigger_push is `push rbp; pop rbp; ret`: +1 is an instruction
+    // boundary, but past the push, so no return could match the entry.
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let run = refused(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger_push",
+        "--offset",
+        "1",
+        "--slower-than",
+        "1ms",
+    ]);
+    assert_one_error_line(&run, 2, "--slower-than times a call from its entry");
+}

@@ -49,6 +49,7 @@ fn assert_counts_add_up(run: &Run) {
         "rate",
         "cooldown",
         "no_return",
+        "error",
     ]
     .iter()
     .map(|k| n(&d[*k]))
