@@ -270,19 +270,9 @@ fn bpf_and_uprobes(r: &mut Report) {
 }
 
 fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
-    let path = match perf::find_perf(explicit) {
-        Ok(p) => p,
-        Err(f) => {
-            r.fail(
-                "perf",
-                f.message,
-                "install perf (Debian: apt install linux-perf) or pass --perf PATH",
-            );
-            return;
-        }
-    };
-    let version = match perf::perf_version(&path) {
-        Ok(v) => v,
+    let found = perf::find_perf(explicit).and_then(|p| perf::perf_version(&p).map(|v| (p, v)));
+    let (path, version) = match found {
+        Ok(pv) => pv,
         Err(f) => {
             r.fail(
                 "perf",

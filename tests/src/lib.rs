@@ -644,3 +644,19 @@ pub fn perf_samples(file: &Path) -> Vec<Sample> {
 
 /// The 10-second default for waiting on an agent.
 pub const FINISH: Duration = Duration::from_secs(60);
+
+/// Runs the agent (`--json`) on `t` until `t` exits: waits for `armed`,
+/// gives `t` the go signal, and expects a clean end (exit 0) with a
+/// consistent index.
+pub fn capture(t: &mut Target, args: &[&str]) -> Run {
+    let pid = t.pid().to_string();
+    let mut full = vec!["--pid", pid.as_str(), "--json"];
+    full.extend_from_slice(args);
+    let mut agent = Agent::start(&full);
+    agent.wait_armed();
+    t.go();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    run.assert_index_consistent();
+    run
+}

@@ -9,7 +9,7 @@
  *   target threads T GAP_MS      T threads; thread k calls trigger(k) at k*GAP_MS
  *   target tids T N GAP_MS       T threads each call trigger(k) N times, GAP_MS apart; prints tids
  *   target storm SECONDS [FN]    FN(i) (default trigger) as fast as possible for SECONDS
- *   target slow N                f_slow(i) for i in 0..N; i in {10,20,30} sleep 10 ms
+ *   target slow N                f_slow(i) for i in 0..N; i in {10,20,30} sleep SLOW_MS (50 ms)
  *   target slowrec N             the same through a recursive f_rec
  *   target slowthreads T N       slow on T threads at once
  *   target after                 f_after burns 30 ms of CPU after entry
@@ -30,6 +30,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* How long a "slow" call sleeps: far above any preemption on a loaded
+ * 2-core machine, so only the intended calls pass --slower-than 25ms. */
+#define SLOW_MS 50
 
 volatile uint64_t sink;
 
@@ -81,7 +85,7 @@ static void sleep_ms(long ms) {
 /* noipa: no inlining and no IPA clones (f.constprop.0), so each test
  * function is one symbol with real calls. */
 __attribute__((noipa)) long f_slow(long i) {
-  if (i == 10 || i == 20 || i == 30) sleep_ms(10);
+  if (i == 10 || i == 20 || i == 30) sleep_ms(SLOW_MS);
   sink += (uint64_t)i;
   return i * 2;
 }
@@ -92,7 +96,7 @@ __attribute__((noipa)) long f_slow(long i) {
 __attribute__((noipa)) long f_rec(long i, int depth) {
   long r = 0;
   if (depth > 0) r = f_rec(i, depth - 1);
-  if (depth == 3 && (i == 10 || i == 20 || i == 30)) sleep_ms(10);
+  if (depth == 3 && (i == 10 || i == 20 || i == 30)) sleep_ms(SLOW_MS);
   sink += (uint64_t)i;
   return r + i;
 }

@@ -23,7 +23,7 @@ struct Worker {
 void Worker::handle(int x) { sink += x; }
 
 long Worker::risky(int x) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (x % 2 == 0) throw std::runtime_error("boom " + std::to_string(x));
   sink += x;
   return x;

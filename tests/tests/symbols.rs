@@ -11,19 +11,6 @@ use std::{
 use mt_agent_tests::*;
 use serde_json::Value;
 
-fn capture(t: &mut Target, args: &[&str]) -> Run {
-    let pid = t.pid().to_string();
-    let mut full = vec!["--pid", pid.as_str(), "--json"];
-    full.extend_from_slice(args);
-    let mut agent = Agent::start(&full);
-    agent.wait_armed();
-    t.go();
-    let run = agent.finish(FINISH);
-    assert_eq!(run.code, Some(0), "{}", run.output());
-    run.assert_index_consistent();
-    run
-}
-
 /// Runs the agent on an idle target and expects a refusal with exit code 2.
 fn refusal(pid: i32, args: &[&str]) -> Run {
     let pid = pid.to_string();

@@ -3,7 +3,7 @@
 // Go calls with probes on `ret` instructions and not with uretprobes.
 //
 //	gotarget calls N GAP_MS   trigger(i) for i in 0..N, GAP_MS apart
-//	gotarget slow N           slow(i) for i in 0..N; i in {10,20,30} sleep 10 ms
+//	gotarget slow N           slow(i) for i in 0..N; i in {10,20,30} sleep 50 ms
 package main
 
 import (
@@ -37,7 +37,7 @@ func grow(n int) int {
 //go:noinline
 func slow(i int) int {
 	if i == 10 || i == 20 || i == 30 {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 		grow(200)
 	}
 	sink += i
