@@ -964,8 +964,11 @@ fn set_fifo(prio: i32, reporter: &Reporter) {
     // SAFETY: sched_param is plain data; all-zero is a valid value.
     let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
     param.sched_priority = prio;
+    // SCHED_RESET_ON_FORK: perf, spawned from this thread, and any thread it
+    // creates start at normal priority (sched(7)); only the reader is FIFO.
+    let policy = libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK;
     // SAFETY: pid 0 is the calling thread; `param` is valid.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
         reporter.warning(&format!(
             "--rt-priority {prio}: sched_setscheduler failed ({}); the reader runs at normal priority",
             std::io::Error::last_os_error()

@@ -338,3 +338,50 @@ fn verbose_forwards_the_ebpf_log() {
         run.output()
     );
 }
+
+/// Scheduling policies (field 41 of /proc/PID/task/TID/stat) of every
+/// thread of `pid`.
+fn thread_policies(pid: i32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.ok()?.path().join("stat")).ok()?;
+            // Fields after the parenthesised comm, which may hold spaces.
+            let rest = stat.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(38)?.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn rt_priority_raises_the_reader_and_not_perf() {
+    let mut t = Target::start(&target_path("target"), &["calls", "2", "200"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--rt-priority",
+        "10",
+        "--max-snapshots",
+        "2",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let perf = agent.perf_pid.expect("perf pid in the armed line");
+    let ours = thread_policies(agent.proc.pid());
+    let perfs = thread_policies(perf);
+    t.go();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        ours.contains(&(libc::SCHED_FIFO as u32)),
+        "no agent thread under SCHED_FIFO: {ours:?}"
+    );
+    assert!(
+        !perfs.is_empty() && perfs.iter().all(|p| *p == libc::SCHED_OTHER as u32),
+        "perf inherited a real-time policy: {perfs:?}"
+    );
+    assert_eq!(run.entries("hit").len(), 2, "{}", run.output());
+}
