@@ -342,42 +342,54 @@ const FORBIDDEN_PERF_ARGS: &[(&str, &str)] = &[
 ];
 
 /// Checks extra `perf record` arguments; returns the first one that would
-/// break the agent, with the reason.
+/// break the agent, with the reason. perf's option parser
+/// (tools/lib/subcmd/parse-options.c) also takes a unique prefix of a long
+/// option (`--out=x` is `--output=x`) and clusters of short options
+/// (`-gp 42` is `-g -p 42`), so both are checked.
 pub fn check_perf_args(args: &[String]) -> Result<(), String> {
     for arg in args {
-        for (opt, why) in FORBIDDEN_PERF_ARGS {
-            let hit = if opt.starts_with("--") {
-                arg == opt
-                    || arg.starts_with(&format!("{opt}="))
-                    || (*opt == "--switch-output" && arg.starts_with("--switch-output"))
-            } else {
-                // Short options: `-o`, `-ofile`, and clusters such as `-aq`.
-                let letter = &opt[1..];
-                arg.starts_with('-')
-                    && !arg.starts_with("--")
-                    && (arg == opt || short_cluster_has(arg, letter))
-            };
-            if hit {
-                return Err(format!("perf option `{arg}` is not allowed: {why}"));
-            }
+        let why = if let Some(long) = arg.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or("");
+            FORBIDDEN_PERF_ARGS.iter().find_map(|(opt, why)| {
+                let opt = opt.strip_prefix("--")?;
+                let hit = !name.is_empty()
+                    && (opt.starts_with(name)
+                        || (opt == "switch-output" && name.starts_with("switch-output")));
+                hit.then_some(*why)
+            })
+        } else if let Some(body) = arg.strip_prefix('-') {
+            short_cluster_forbidden(body)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(format!("perf option `{arg}` is not allowed: {why}"));
         }
     }
     Ok(())
 }
 
-/// Whether a short-option cluster such as `-ag` contains the flag `letter`
-/// before any option that takes a value. Only flags that never take values
-/// (`-a`, `-q`, `-g`, `-n`, `-v`, `-s`, `-T`, `-d`, `-P`, `-R`, `-B`, `-N`)
-/// are treated as a cluster; anything else is a single option with an
-/// attached value (`-e cycles` written `-ecycles`).
-fn short_cluster_has(arg: &str, letter: &str) -> bool {
-    let body = &arg[1..];
-    let first = &body[..body.char_indices().nth(1).map_or(body.len(), |(i, _)| i)];
-    if first == letter {
-        return true;
+/// perf record's short options that take no value, so that another option
+/// may follow them in one cluster (`-ag`).
+const SHORT_FLAGS: &str = "aqgnvsTdPRBNbWi";
+
+/// Walks a short-option cluster such as `ag` or `gp42`: flags in
+/// [`SHORT_FLAGS`] may be followed by more options; any other letter takes
+/// the rest of the cluster (or the next argument) as its value. Returns why
+/// the first forbidden letter is refused.
+fn short_cluster_forbidden(body: &str) -> Option<&'static str> {
+    for c in body.chars() {
+        let found = FORBIDDEN_PERF_ARGS
+            .iter()
+            .find(|(opt, _)| opt.len() == 2 && !opt.starts_with("--") && opt.ends_with(c));
+        if let Some((_, why)) = found {
+            return Some(why);
+        }
+        if !SHORT_FLAGS.contains(c) {
+            return None;
+        }
     }
-    const FLAGS: &str = "aqgnvsTdPRBN";
-    body.chars().all(|c| FLAGS.contains(c)) && body.contains(letter)
+    None
 }
 
 #[cfg(test)]
@@ -420,6 +432,9 @@ mod tests {
         assert!(check_perf_args(&s(&["--call-graph", "dwarf"])).is_ok());
         assert!(check_perf_args(&s(&["-e", "cycles", "-c", "1000"])).is_ok());
         assert!(check_perf_args(&s(&["--no-no-buildid"])).is_ok());
+        // A value attached to an option that takes one is not a cluster.
+        assert!(check_perf_args(&s(&["-ecycles", "-F99", "-gT"])).is_ok());
+        assert!(check_perf_args(&s(&["--all-user", "--call-graph=dwarf"])).is_ok());
         for bad in [
             "-q",
             "--quiet",
@@ -438,6 +453,13 @@ mod tests {
             "-ag",
             "--all-cpus",
             "--pid=3",
+            "-gp",
+            "-go",
+            "-gofile",
+            "--out=x",
+            "--thread",
+            "--contr=fd:1,2",
+            "--all-c",
         ] {
             assert!(
                 check_perf_args(&s(&[bad])).is_err(),

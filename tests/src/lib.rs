@@ -26,7 +26,13 @@ use serde_json::Value;
 pub use tempfile::TempDir;
 
 /// Our eBPF program names as the kernel lists them.
-pub const PROGRAM_NAMES: [&str; 4] = ["mt_entry", "mt_return", "mt_uretprobe", "mt_exec"];
+pub const PROGRAM_NAMES: [&str; 5] = [
+    "mt_entry",
+    "mt_return",
+    "mt_uretprobe",
+    "mt_exec",
+    "mt_floor",
+];
 
 /// Checks, once per test binary, that the machine can run the tests.
 /// Panics with what is missing.

@@ -28,11 +28,12 @@ fn bench_quick_runs_every_part() {
         "bench --quick failed:\n{stdout}\n{stderr}"
     );
     eprintln!(
-        "bench --quick took {:.0} s",
+        "{stdout}\nbench --quick took {:.0} s",
         started.elapsed().as_secs_f64()
     );
     for heading in [
         "Per-hit overhead",
+        "What conditions add",
         "Trigger → snapshot latency",
         "Storm",
         "Time to armed",
@@ -43,14 +44,28 @@ fn bench_quick_runs_every_part() {
     let overhead = r["overhead"].as_array().unwrap();
     assert_eq!(overhead.len(), 3, "three first-instruction kinds");
     for row in overhead {
-        for setup in ["none", "floor", "mt-agent", "perf-event", "hw-breakpoint"] {
+        for setup in [
+            "none",
+            "floor",
+            "mt-agent",
+            "mt-agent conditions",
+            "mt-agent slower-than",
+            "perf-event",
+            "hw-breakpoint",
+        ] {
             assert!(
                 row[setup]["median"].as_f64().is_some_and(f64::is_finite),
                 "{setup}: {row}"
             );
         }
         // The probes really fired: every call was counted.
-        for setup in ["mt-agent", "perf-event", "hw-breakpoint"] {
+        for setup in [
+            "mt-agent",
+            "mt-agent conditions",
+            "mt-agent slower-than",
+            "perf-event",
+            "hw-breakpoint",
+        ] {
             assert_eq!(row[setup]["hits"], row[setup]["calls"], "{setup}: {row}");
         }
         assert!(

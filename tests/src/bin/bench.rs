@@ -68,7 +68,36 @@ const FUNCS: [(&str, &str, &str); 3] = [
     ("step", "trigger_step", "mov rip-relative (single-stepped)"),
 ];
 
-const SETUPS: [&str; 5] = ["none", "floor", "mt-agent", "perf-event", "hw-breakpoint"];
+const SETUPS: [&str; 7] = [
+    "none",
+    "floor",
+    "mt-agent",
+    "mt-agent conditions",
+    "mt-agent slower-than",
+    "perf-event",
+    "hw-breakpoint",
+];
+
+/// What the two condition setups add to the mt-agent command line. Every
+/// hit passes the thread and argument tests (arg0 is the loop index) and
+/// `--every` rejects it, so the whole in-kernel filter runs on each call;
+/// `--slower-than` adds a uprobe on the `ret` and a duration never reached.
+fn condition_args(setup: &str, tid: i32) -> Vec<String> {
+    match setup {
+        "mt-agent conditions" => vec![
+            "--tid".into(),
+            tid.to_string(),
+            "--when".into(),
+            "arg0 != 0xffffffffffff".into(),
+            "--when".into(),
+            "sarg0 >= 0".into(),
+            "--every".into(),
+            "1000000000".into(),
+        ],
+        "mt-agent slower-than" => vec!["--slower-than".into(), "10s".into()],
+        _ => Vec::new(),
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -462,12 +491,14 @@ fn bench_run(
             perf = Some(PerfProc::start(&record_args(pid, rec_dir.path())));
             _floor = Some(Floor::attach(object, pid, &bin, func));
         }
-        "mt-agent" => {
+        "mt-agent" | "mt-agent conditions" | "mt-agent slower-than" => {
             let p = pid.to_string();
             // The warm-up call takes the one snapshot; the cooldown keeps
             // perf's file switches out of the timed loops.
-            let mut a =
-                Agent::start(&["--pid", &p, "--symbol", func, "--cooldown", "60s", "--json"]);
+            let extra = condition_args(setup, pid);
+            let mut args = vec!["--pid", &p, "--symbol", func, "--cooldown", "60s", "--json"];
+            args.extend(extra.iter().map(String::as_str));
+            let mut a = Agent::start(&args);
             a.wait_armed();
             agent = Some(a);
         }
@@ -582,9 +613,18 @@ fn overhead(plan: &Plan, object: &Path) -> Value {
             );
             row[setup] = json!({"ns_per_call": ns, "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
         }
-        let ratio = row["mt-agent"]["overhead"].as_f64().unwrap_or(f64::NAN)
-            / row["floor"]["overhead"].as_f64().unwrap_or(f64::NAN);
-        row["mt_agent_over_floor"] = json!(ratio);
+        let over = |setup: &str| row[setup]["overhead"].as_f64().unwrap_or(f64::NAN);
+        let ours = over("mt-agent");
+        let derived = [
+            ("mt_agent_over_floor", ours / over("floor")),
+            ("mt_agent_over_perf_event", ours / over("perf-event")),
+            ("mt_agent_over_hw_breakpoint", ours / over("hw-breakpoint")),
+            ("conditions_add_ns", over("mt-agent conditions") - ours),
+            ("slower_than_adds_ns", over("mt-agent slower-than") - ours),
+        ];
+        for (key, value) in derived {
+            row[key] = json!(value);
+        }
         rows.push(row);
     }
     Value::Array(rows)
@@ -902,34 +942,63 @@ fn print_tables(r: &Value) {
     };
     println!("### Per-hit overhead, ns per call above \"none\" ({reps})\n");
     println!(
-        "| first instruction | none (ns/call) | floor | mt-agent | perf-event | hw-breakpoint | mt-agent / floor |"
+        "| first instruction | none (ns/call) | floor | mt-agent | perf-event | hw-breakpoint | mt-agent / floor | mt-agent / perf-event | mt-agent / hw-breakpoint |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let ratio = |v: &Value| format!("{:.2}", v.as_f64().unwrap_or(f64::NAN));
     for row in r["overhead"].as_array().into_iter().flatten() {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row["first_instruction"].as_str().unwrap_or(""),
             f(&row["none"]["median"]),
             f(&row["floor"]["overhead"]),
             f(&row["mt-agent"]["overhead"]),
             f(&row["perf-event"]["overhead"]),
             f(&row["hw-breakpoint"]["overhead"]),
-            row["mt_agent_over_floor"].as_f64().unwrap_or(f64::NAN)
+            ratio(&row["mt_agent_over_floor"]),
+            ratio(&row["mt_agent_over_perf_event"]),
+            ratio(&row["mt_agent_over_hw_breakpoint"]),
+        );
+    }
+    println!("\n### What conditions add per call, ns above plain mt-agent ({reps})\n");
+    println!(
+        "| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than (uprobe on each ret) |"
+    );
+    println!("|---|---|---|---|");
+    for row in r["overhead"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {} | {} | {} |",
+            row["first_instruction"].as_str().unwrap_or(""),
+            f(&row["mt-agent"]["overhead"]),
+            f(&row["conditions_add_ns"]),
+            f(&row["slower_than_adds_ns"]),
         );
     }
     println!("\n### Trigger → snapshot latency (hit to perf's rename, ms)\n");
-    println!("| setup | n | p50 | p90 | p99 | max |");
-    println!("|---|---|---|---|---|---|");
-    for row in r["latency"].as_array().into_iter().flatten() {
+    println!("| setup | n | p50 | p90 | p99 | max | p50 / p99 ÷ perf-event's |");
+    println!("|---|---|---|---|---|---|---|");
+    let rows = r["latency"].as_array().cloned().unwrap_or_default();
+    let perf_event = rows.iter().find(|r| r["setup"] == "perf-event");
+    for row in &rows {
         let l = &row["rename_ms"];
+        let q = |l: &Value, p: &str| l[p].as_f64().unwrap_or(f64::NAN);
+        let vs = perf_event.map_or("-".into(), |pe| {
+            let pe = &pe["rename_ms"];
+            format!(
+                "{:.2} / {:.2}",
+                q(l, "p50") / q(pe, "p50"),
+                q(l, "p99") / q(pe, "p99")
+            )
+        });
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             row["setup"].as_str().unwrap_or(""),
             l["n"],
-            l["p50"].as_f64().unwrap_or(f64::NAN),
-            l["p90"].as_f64().unwrap_or(f64::NAN),
-            l["p99"].as_f64().unwrap_or(f64::NAN),
-            l["max"].as_f64().unwrap_or(f64::NAN)
+            q(l, "p50"),
+            q(l, "p90"),
+            q(l, "p99"),
+            q(l, "max"),
+            vs
         );
     }
     for row in r["latency"]
@@ -940,7 +1009,7 @@ fn print_tables(r: &Value) {
     {
         let l = &row["hit_to_kill_us"];
         println!(
-            "| {}: hit → kill(), µs | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {}: hit → kill(), µs | {} | {:.0} | {:.0} | {:.0} | {:.0} | - |",
             row["setup"].as_str().unwrap_or(""),
             l["n"],
             l["p50"].as_f64().unwrap_or(f64::NAN),
