@@ -592,6 +592,15 @@ impl Recorder {
         }
         if self.disk_full {
             self.reason = Some(EndReason::DiskFull);
+            // perf's own words on the full disk, as for any runtime failure.
+            if let Some(f) = self.failure.as_mut().filter(|f| f.detail.is_empty()) {
+                f.detail.extend(
+                    self.perf
+                        .last_lines()
+                        .into_iter()
+                        .map(|l| format!("perf: {l}")),
+                );
+            }
         }
         RecorderOutcome {
             trigger: self.trigger,

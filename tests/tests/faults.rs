@@ -126,6 +126,11 @@ fn f03_target_exits_normally() {
     let run = agent.finish(FINISH);
     report("3 target exits", &run, at);
     assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        run.stdout.iter().any(|l| l.contains("the target exited")),
+        "{}",
+        run.output()
+    );
     assert_eq!(run.index.last().unwrap()["kind"], "tail");
     run.assert_index_consistent();
 }
@@ -287,6 +292,27 @@ fn f07_disk_full() {
                 .is_file()
         );
     }
+    // Every completed file on disk is listed. The one exception is the
+    // newest: if the full disk also refused its index line, the agent says
+    // so (exit 4) and cannot list it.
+    let listed: Vec<&str> = index.iter().filter_map(|v| v["file"].as_str()).collect();
+    let on_disk = perf_files(&fs_.0.path().join("out"));
+    let unlisted: Vec<&String> = on_disk
+        .iter()
+        .filter(|f| !listed.contains(&f.as_str()))
+        .collect();
+    eprintln!(
+        "FAULT 7: {} files on disk, {} unlisted",
+        on_disk.len(),
+        unlisted.len()
+    );
+    assert!(
+        unlisted.is_empty() || (unlisted.len() == 1 && Some(unlisted[0]) == on_disk.iter().max()),
+        "unlisted files {unlisted:?}\n{}",
+        run.output()
+    );
+    // perf's own words follow the one-line explanation.
+    assert!(run.output().contains("perf: "), "{}", run.output());
     assert!(alive(t.pid()));
 }
 
