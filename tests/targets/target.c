@@ -7,7 +7,8 @@
  *   target calls N GAP_MS        trigger(i) for i in 0..N, GAP_MS apart
  *   target loop N SPIN_US        N calls of trigger(i), spinning SPIN_US between
  *   target threads T GAP_MS      T threads; thread k calls trigger(k) at k*GAP_MS
- *   target tids T N GAP_MS       T threads each call trigger(k) N times, GAP_MS apart; prints tids
+ *   target tids T N GAP_MS       T threads print their tids, wait for a second go line,
+ *                                then each calls trigger(k) N times, GAP_MS apart
  *   target storm SECONDS [FN]    FN(i) (default trigger) as fast as possible for SECONDS
  *   target slow N                f_slow(i) for i in 0..N; i in {10,20,30} sleep SLOW_MS (50 ms)
  *   target slowrec N             the same through a recursive f_rec
@@ -132,11 +133,13 @@ static void *thread_call(void *arg) {
   return NULL;
 }
 
+static pthread_barrier_t g_tids_go;
 static void *thread_tids(void *arg) {
   long k = (long)arg;
   printf("tid %ld %ld\n", k, (long)syscall(SYS_gettid));
   fflush(stdout);
-  sleep_ms(1500); /* time for the test to start an agent with --tid */
+  /* The test starts an agent with --tid, then sends a second go. */
+  pthread_barrier_wait(&g_tids_go);
   for (long i = 0; i < g_n; i++) {
     trigger(k);
     sleep_ms(g_gap);
@@ -198,7 +201,11 @@ int main(int argc, char **argv) {
     pthread_t t[64];
     g_n = b;
     g_gap = c;
-    for (long k = 0; k < a && k < 64; k++) pthread_create(&t[k], NULL, thread_tids, (void *)k);
+    long nt = a < 64 ? a : 64;
+    pthread_barrier_init(&g_tids_go, NULL, (unsigned)nt + 1);
+    for (long k = 0; k < nt; k++) pthread_create(&t[k], NULL, thread_tids, (void *)k);
+    if (!fgets(line, sizeof line, stdin)) return 3;
+    pthread_barrier_wait(&g_tids_go);
     for (long k = 0; k < a && k < 64; k++) pthread_join(t[k], NULL);
   } else if (!strcmp(mode, "storm")) {
     void (*fn)(long) = argc > 3 ? pick(argv[3]) : trigger;

@@ -184,6 +184,8 @@ fn only_the_chosen_thread() {
         "--pid", &pid, "--json", "--symbol", "trigger", "--tid", &chosen,
     ]);
     agent.wait_armed();
+    // The threads have printed their tids and wait for this second go.
+    t.go();
     t.wait(Duration::from_secs(30));
     let run = agent.finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
