@@ -83,8 +83,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH", conflicts_with = "pid")]
     pub exe: Option<PathBuf>,
 
-    /// With --exe: at most N processes recorded at once; more are counted
-    /// and reported. [default: 8]
+    /// With --exe: at most N processes recorded at once, across all
+    /// triggers; more are counted and reported. [default: 8]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_targets: Option<u64>,
 

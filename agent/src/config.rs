@@ -39,7 +39,7 @@ use crate::{
 pub struct Config {
     /// Parent of each run's output directory.
     pub output: Option<PathBuf>,
-    /// Per `--exe` trigger, at most this many processes recorded at once.
+    /// At most this many processes recorded at once, across all triggers.
     pub max_targets: Option<u64>,
     pub perf: Option<PathBuf>,
     pub event: Option<String>,

@@ -529,13 +529,14 @@ impl Driver {
             {
                 continue;
             }
-            let live = self.by_target.keys().filter(|(t, _)| *t == trigger).count();
-            if live >= self.s.max_targets {
+            // One limit for the whole agent, across its triggers: it bounds
+            // the perf processes a host runs.
+            if self.by_target.len() >= self.s.max_targets {
                 self.extra += 1;
                 self.done.insert((trigger, pid), ());
                 self.s.reporter.warning(&format!(
-                    "pid {pid} runs the traced executable, but --max-targets {} recorders are \
-                     busy; it is not recorded",
+                    "pid {pid} runs the traced executable, but all --max-targets {} recorders \
+                     are busy; it is not recorded",
                     self.s.max_targets
                 ));
                 continue;

@@ -317,8 +317,26 @@ impl Reporter {
         let perf = match (&s.perf_exit, s.perf_cpu_s) {
             (Some(e), Some(cpu)) => format!("; perf used {cpu:.2} s CPU and ended with {e}"),
             (Some(e), None) => format!("; perf ended with {e}"),
-            _ => String::new(),
+            // Several recorders: their perfs' CPU time, summed.
+            (None, Some(cpu)) => format!(
+                "; {} perf process(es) used {cpu:.2} s CPU",
+                s.recorders.len()
+            ),
+            (None, None) => String::new(),
         };
+        let mut unrecorded = String::new();
+        if s.unrecorded_hits > 0 {
+            unrecorded += &format!(
+                "; {} hits came from processes with no recorder",
+                s.unrecorded_hits
+            );
+        }
+        if s.extra_processes > 0 {
+            unrecorded += &format!(
+                "; {} matching processes not recorded (--max-targets)",
+                s.extra_processes
+            );
+        }
         let unsnap = if s.stats.unsnapshotted > 0 {
             format!(
                 "; {} hits got no snapshot (perf ended first)",
@@ -328,7 +346,7 @@ impl Reporter {
             String::new()
         };
         self.print(&format!(
-            "ended: {} after {:.1} s{perf}{unsnap}",
+            "ended: {} after {:.1} s{perf}{unsnap}{unrecorded}",
             s.end, s.duration_s
         ));
     }

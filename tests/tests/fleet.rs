@@ -61,7 +61,7 @@ fn exe_records_every_process_of_an_executable() {
     let mut p3 = Target::start(&bin, &["calls", "3", "300"]);
     wait_event(&mut agent, "recorder for p3", started(p3.pid()));
     // ...and a fourth, beyond --max-targets 3.
-    let p4 = Target::start(&bin, &["wait"]);
+    let mut p4 = Target::start(&bin, &["calls", "2", "200"]);
     wait_event(&mut agent, "the extra process report", |e| {
         e["event"] == "warning"
             && e["message"]
@@ -82,11 +82,16 @@ fn exe_records_every_process_of_an_executable() {
             e["event"] == "target_finished" && e["pid"] == pid
         });
     }
+    // The fourth calls the trigger too, alone (no cooldown with the others):
+    // its two hits have no recorder, and are counted.
+    p4.go();
+    p4.wait(Duration::from_secs(20));
     agent.proc.signal(libc::SIGINT);
     let run = agent.finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let s = run.summary().unwrap();
     assert_eq!(s["extra_processes"], 1, "{s}");
+    assert_eq!(s["unrecorded_hits"], 2, "{s}");
     let recorders = s["recorders"].as_array().expect("recorders in the summary");
     assert_eq!(recorders.len(), 3, "{s}");
     for p in [&p1, &p2, &p3] {
