@@ -470,3 +470,31 @@ fn a_replaced_executable_is_probed_through_the_running_file() {
         run.output()
     );
 }
+
+#[test]
+fn a_versioned_name_picks_that_version() {
+    let u = Target::start(&target_path("libuser"), &["common"]);
+    let pid = u.pid().to_string();
+    let mut offsets = Vec::new();
+    for version in ["versioned@V1", "versioned@@V2"] {
+        let mut a = Agent::start(&["--pid", &pid, "--symbol", version, "--json"]);
+        a.wait_armed();
+        let armed = a
+            .proc
+            .stdout()
+            .into_iter()
+            .find(|l| l.contains("\"event\":\"armed\""))
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&armed).unwrap();
+        assert!(
+            v["object"].as_str().unwrap_or("").contains("libtrig.so"),
+            "{version}: {v}"
+        );
+        offsets.push(v["attach_offset"].clone());
+        a.proc.signal(libc::SIGINT);
+        let run = a.finish(Duration::from_secs(30));
+        assert_eq!(run.code, Some(0), "{version}: {}", run.output());
+    }
+    // Two versions, two functions.
+    assert_ne!(offsets[0], offsets[1], "{offsets:?}");
+}

@@ -38,12 +38,22 @@ pub struct SymbolName {
     pub aliases: Vec<String>,
     /// For a clone (`f.constprop.0`): the forms of `f`.
     pub clone_of: Option<Box<SymbolName>>,
+    /// The `@V1` or `@@V2` suffix of a versioned `.dynsym` name.
+    pub version: Option<String>,
 }
 
 impl SymbolName {
     /// Splits off a clone suffix, demangles, and lists the aliases.
-    pub fn new(raw: &str) -> Self {
-        let raw = strip_version(raw);
+    pub fn new(versioned: &str) -> Self {
+        let raw = strip_version(versioned);
+        let version = (raw != versioned).then(|| versioned[raw.len()..].to_string());
+        Self {
+            version,
+            ..Self::unversioned(raw)
+        }
+    }
+
+    fn unversioned(raw: &str) -> Self {
         if let Some((stem, suffix)) = raw.split_once('.') {
             let kind = suffix.split('.').next().unwrap_or("");
             if CLONE_SUFFIXES.contains(&kind) {
@@ -53,6 +63,7 @@ impl SymbolName {
                     demangled: format!("{}.{suffix}", of.demangled),
                     aliases: Vec::new(),
                     clone_of: Some(Box::new(of)),
+                    version: None,
                 };
             }
         }
@@ -62,6 +73,7 @@ impl SymbolName {
             demangled: demangled.unwrap_or_else(|| raw.to_string()),
             aliases,
             clone_of: None,
+            version: None,
         }
     }
 
@@ -78,6 +90,12 @@ impl SymbolName {
     }
 
     fn is(&self, query: &str) -> bool {
+        // A versioned query (`foo@@V2`) names that version only.
+        if let Some(v) = &self.version
+            && strip_version(query) != query
+        {
+            return query.strip_suffix(v.as_str()) == Some(&self.raw);
+        }
         let query = strip_version(query);
         if query == self.raw || query == self.demangled {
             return true;
@@ -232,6 +250,16 @@ mod tests {
         assert_eq!(strip_version("foo@@V2"), "foo");
         assert_eq!(
             SymbolName::new("foo@V1").matches("foo"),
+            Some(NameMatch::Exact)
+        );
+        // A versioned query picks that version only.
+        let v2 = SymbolName::new("foo@@V2");
+        assert_eq!(v2.matches("foo@@V2"), Some(NameMatch::Exact));
+        assert_eq!(v2.matches("foo@V1"), None);
+        assert_eq!(SymbolName::new("foo@V1").matches("foo@@V2"), None);
+        // An unversioned symbol (from .symtab) still matches a versioned query.
+        assert_eq!(
+            SymbolName::new("foo").matches("foo@@V2"),
             Some(NameMatch::Exact)
         );
     }
