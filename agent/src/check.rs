@@ -7,6 +7,7 @@
 //! of this very process and hit (uprobe PMU, privileges), and perf is started
 //! and pinged on its control fd.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::{
     fs,
     hint::black_box,
@@ -284,6 +285,8 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
     };
     let help = std::process::Command::new(&path)
         .args(["record", "-h"])
+        .env_clear()
+        .env("PATH", perf::PERF_PATH_ENV)
         .output()
         .map(|o| {
             format!(
@@ -312,7 +315,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
     // The real handshake: record this process, ping, stop.
     let tmp = std::env::temp_dir().join(format!("mt-agent-check-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
-    if let Err(e) = fs::create_dir(&tmp) {
+    if let Err(e) = fs::DirBuilder::new().mode(0o700).create(&tmp) {
         r.fail(
             "perf",
             format!("cannot create {}: {e}", tmp.display()),

@@ -38,7 +38,7 @@ use nix::{
 use crate::error::Failure;
 
 /// The environment perf runs with: everything else is cleared.
-const PERF_PATH_ENV: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+pub const PERF_PATH_ENV: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// How many of perf's last stderr lines are kept for error reports.
 const KEEP_LINES: usize = 20;
