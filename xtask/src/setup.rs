@@ -213,7 +213,15 @@ fn ensure_perf() -> anyhow::Result<()> {
              distribution (the package is often linux-tools or perf) and rerun"
         );
     }
-    ensure_packages(&["linux-perf"])?;
+    // Debian names the package linux-perf; Ubuntu ships perf per kernel in
+    // linux-tools-$(uname -r), which a build of ours cannot pick for the user.
+    ensure_packages(&["linux-perf"]).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nperf is missing and apt could not install linux-perf (Debian's package). \
+             On Ubuntu install linux-tools-$(uname -r) (or linux-tools-generic), check that \
+             `perf version` works, and rerun"
+        )
+    })?;
     if !perf_works() {
         bail!("linux-perf is installed but `perf version` fails; check /usr/bin/perf");
     }
