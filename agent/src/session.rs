@@ -212,7 +212,9 @@ pub async fn run(
         ))
     };
     let perf_path = perf::find_perf(settings.perf.as_deref())?;
-    // `perf version` (~20 ms) runs while the triggers are resolved.
+    // `perf version` (~30 ms: perf's own start-up) runs while the triggers
+    // are resolved and perf record starts; the loader thread joins it, so a
+    // binary that is not perf is refused (exit 3) before anything attaches.
     let version = {
         let p = perf_path.clone();
         std::thread::spawn(move || perf::perf_version(&p))
@@ -268,11 +270,8 @@ pub async fn run(
     };
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
-    version
-        .join()
-        .unwrap_or_else(|_| Err(Failure::runtime("the perf check panicked")))?;
     let base_dir = OutputDir::prepare(&base)?;
-    stage("perf checked, triggers resolved, output ready");
+    stage("triggers resolved, output ready");
 
     // The eBPF programs load (the verifier) on a thread of their own, while
     // the driver starts perf: the two take ~100 ms and ~250 ms here.
@@ -291,6 +290,9 @@ pub async fn run(
     let loader = std::thread::Builder::new()
         .name("mt-agent-load".into())
         .spawn(move || {
+            version
+                .join()
+                .unwrap_or_else(|_| Err(Failure::runtime("the perf check panicked")))?;
             let mut probes = Probes::load(load)?;
             for (i, cfg) in configs.iter().enumerate() {
                 probes.configure(i as u32, cfg).map_err(|e| {
