@@ -98,6 +98,22 @@ fn cooldown_drops_in_the_kernel_and_counts_add_up() {
         "expected several snapshots over ~1 s: {s}"
     );
     assert_eq!(run.entries("hit").len() as u64, hit_snapshots);
+    // The cooldown itself, on the kernel's clock: one calling thread, so
+    // accepted hits are at least 200 ms apart.
+    let mut times: Vec<u64> = run
+        .hits()
+        .iter()
+        .map(|h| h["ktime_ns"].as_u64().unwrap())
+        .collect();
+    times.sort_unstable();
+    assert_eq!(times.len() as u64, accepted, "{s}");
+    for w in times.windows(2) {
+        assert!(
+            w[1] - w[0] >= 200_000_000,
+            "accepted {} ns apart: {s}",
+            w[1] - w[0]
+        );
+    }
     run.assert_index_consistent();
 }
 

@@ -80,33 +80,17 @@ fn a_library_probe_stays_on_its_process() {
 
 #[test]
 fn cpp_names_match_demangled() {
-    // The full signature resolves (and arms) on an idle process...
-    let idle = Target::start(&target_path("worker"), &["calls", "3", "300"]);
-    let pid = idle.pid().to_string();
-    let mut a = Agent::start(&[
-        "--pid",
-        &pid,
-        "--symbol",
-        "ns::Worker::handle(int)",
-        "--duration",
-        "500ms",
-    ]);
-    a.wait_armed();
-    let run = a.finish(FINISH);
-    assert_eq!(run.code, Some(0), "{}", run.output());
-    drop(idle);
-    // ...and the name without parameters triggers: arg0 is `this`, arg1 is x.
-    let mut t = Target::start(&target_path("worker"), &["calls", "3", "300"]);
-    let run = capture(
-        &mut t,
-        &["--symbol", "ns::Worker::handle", "--max-snapshots", "3"],
-    );
-    let xs: Vec<u64> = run
-        .entries("hit")
-        .iter()
-        .map(|h| h["hits"][0]["args"][1].as_u64().unwrap())
-        .collect();
-    assert_eq!(xs, [0, 1, 2], "{}", run.output());
+    // With or without parameters, the name triggers: arg0 is `this`, arg1 is x.
+    for name in ["ns::Worker::handle(int)", "ns::Worker::handle"] {
+        let mut t = Target::start(&target_path("worker"), &["calls", "3", "300"]);
+        let run = capture(&mut t, &["--symbol", name, "--max-snapshots", "3"]);
+        let xs: Vec<u64> = run
+            .entries("hit")
+            .iter()
+            .map(|h| h["hits"][0]["args"][1].as_u64().unwrap())
+            .collect();
+        assert_eq!(xs, [0, 1, 2], "{name}: {}", run.output());
+    }
 }
 
 #[test]
@@ -211,7 +195,23 @@ fn dlopened_libraries_need_wait_for_symbol() {
         idle.pid(),
         &["--symbol", "lib_trigger", "--object", "libtrig"],
     );
+    stderr_has(&run, "libtrig is not mapped by pid");
     stderr_has(&run, "--wait-for-symbol");
+    let run = refusal(idle.pid(), &["--symbol", "lib_trigger"]);
+    stderr_has(&run, "it is not mapped (yet)");
+    stderr_has(&run, "--wait-for-symbol");
+    // With it, but the library never comes: the wait runs out.
+    let started = std::time::Instant::now();
+    let run = refusal(
+        idle.pid(),
+        &["--symbol", "lib_trigger", "--wait-for-symbol", "1s"],
+    );
+    stderr_has(&run, "(waited 1s)");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "gave up before the timeout\n{}",
+        run.output()
+    );
     drop(idle);
 
     let mut t = Target::start(&target_path("dlopener"), &["dlopen", &lib, "3", "300"]);

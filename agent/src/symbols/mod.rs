@@ -212,8 +212,9 @@ fn open_views(pid: i32, object: Option<&str>) -> Result<Vec<View>, ResolveError>
         shown.dedup();
         return Err(ResolveError::NotFound(
             Failure::usage(format!(
-                "no object mapped by pid {pid} matches --object {o}; give a path or a file \
-                 name from the list below (or --wait-for-symbol if it is loaded later)"
+                "{o} is not mapped by pid {pid} (yet): no mapped object matches --object {o}; \
+                 if the process loads it later (dlopen), add --wait-for-symbol DURATION, \
+                 otherwise give a path or a file name from the list below"
             ))
             .with_detail(shown.into_iter().take(30).map(|n| format!("mapped: {n}"))),
         ));
@@ -616,8 +617,9 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
         .with_detail(detail);
     }
     Failure::usage(format!(
-        "no function {query} {scope}; check the name (`mt-agent symbols --pid {pid} PATTERN`), \
-         or add --wait-for-symbol DURATION if a library that has it is loaded later (dlopen)"
+        "no function {query} {scope}: it is not mapped (yet); if a library that has it is \
+         loaded later (dlopen), add --wait-for-symbol DURATION, otherwise check the name \
+         (`mt-agent symbols --pid {pid} PATTERN`)"
     ))
     .with_detail(detail)
 }
