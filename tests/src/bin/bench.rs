@@ -108,7 +108,16 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
     preflight();
-    let plan = Plan::new(quick);
+    let mut plan = Plan::new(quick);
+    // `--stamps N`: more latency samples (p99 of 50 is their maximum).
+    if let Some(n) = args
+        .iter()
+        .position(|a| a == "--stamps")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+    {
+        plan.stamps = n;
+    }
     let started = Instant::now();
     let _tracefs = Tracefs::ensure();
     let object = ebpf_object();
