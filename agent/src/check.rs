@@ -283,10 +283,8 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
             return;
         }
     };
-    let help = std::process::Command::new(&path)
+    let help = perf::command(&path)
         .args(["record", "-h"])
-        .env_clear()
-        .env("PATH", perf::PERF_PATH_ENV)
         .output()
         .map(|o| {
             format!(

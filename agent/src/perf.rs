@@ -38,7 +38,7 @@ use nix::{
 use crate::error::Failure;
 
 /// The environment perf runs with: everything else is cleared.
-pub const PERF_PATH_ENV: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+const PERF_PATH_ENV: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// How many of perf's last stderr lines are kept for error reports.
 const KEEP_LINES: usize = 20;
@@ -159,13 +159,19 @@ pub fn find_perf(explicit: Option<&Path>) -> Result<PathBuf, Failure> {
     Ok(path)
 }
 
+/// A command that runs `perf` with the environment perf always gets:
+/// everything cleared but [`PERF_PATH_ENV`].
+pub fn command(perf: &Path) -> Command {
+    let mut cmd = Command::new(perf);
+    cmd.env_clear().env("PATH", PERF_PATH_ENV);
+    cmd
+}
+
 /// Runs `perf version` and returns its version line, e.g. `perf version
 /// 6.1.187`. Fails (exit code 3) when the binary does not behave like perf.
 pub fn perf_version(perf: &Path) -> Result<String, Failure> {
-    let out = Command::new(perf)
+    let out = command(perf)
         .arg("version")
-        .env_clear()
-        .env("PATH", PERF_PATH_ENV)
         .stdin(Stdio::null())
         .output()
         .map_err(|e| Failure::environment(format!("cannot run {}: {e}", perf.display())))?;
@@ -223,7 +229,8 @@ impl PerfProcess {
     /// thread, and the control pipes on `--control fd:CTL,ACK`.
     ///
     /// Must be called from a thread that lives as long as the agent (the
-    /// main thread): the death signal fires when the spawning *thread* exits.
+    /// driver thread, or `check`'s main thread): the death signal fires when
+    /// the spawning *thread* exits.
     pub fn spawn(spec: &PerfSpec) -> anyhow::Result<Self> {
         // ctl: we write, perf reads. ack: perf writes, we read.
         let (ctl_r, ctl_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
@@ -231,10 +238,8 @@ impl PerfProcess {
         let (ctl_child, ack_child) = (ctl_r.as_raw_fd(), ack_w.as_raw_fd());
         let parent = nix::unistd::getpid();
 
-        let mut cmd = Command::new(&spec.perf);
+        let mut cmd = command(&spec.perf);
         cmd.args(spec.args(ctl_child, ack_child))
-            .env_clear()
-            .env("PATH", PERF_PATH_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -666,3 +666,27 @@ pub fn capture(t: &mut Target, args: &[&str]) -> Run {
     run.assert_index_consistent();
     run
 }
+
+/// A tmpfs mounted on a temporary directory, unmounted on drop.
+pub struct Tmpfs(pub TempDir);
+
+impl Tmpfs {
+    /// Mounts a tmpfs with mount options `opts` (`size=1m`, `ro,size=1m`).
+    pub fn new(opts: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "mt-agent-test"])
+            .arg(dir.path())
+            .status()
+            .expect("mount")
+            .success();
+        assert!(ok, "mount -t tmpfs -o {opts} failed");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}

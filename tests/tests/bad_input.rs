@@ -71,34 +71,11 @@ fn missing_or_unusable_perf() {
     assert_one_error_line(&run, 3, "does not look like perf");
 }
 
-/// A read-only tmpfs, unmounted on drop.
-struct RoMount(tempfile::TempDir);
-
-impl RoMount {
-    fn new() -> RoMount {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "ro,size=1m", "mt-agent-test-ro"])
-            .arg(dir.path())
-            .status()
-            .expect("mount")
-            .success();
-        assert!(ok, "mount -t tmpfs -o ro failed");
-        RoMount(dir)
-    }
-}
-
-impl Drop for RoMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn output_directory_that_cannot_be_created() {
     let t = Target::start(&target_path("target"), &["wait"]);
     let pid = t.pid().to_string();
-    let ro = RoMount::new();
+    let ro = Tmpfs::new("ro,size=1m");
     let out = ro.0.path().join("out");
     let out_s = out.display().to_string();
     let agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &out_s]);

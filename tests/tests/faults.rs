@@ -226,29 +226,6 @@ fn f06_agent_killed() {
     assert!(error_line(&again).contains("not empty"));
 }
 
-/// A small tmpfs, unmounted on drop.
-struct Tmpfs(TempDir);
-
-impl Tmpfs {
-    fn new(opts: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "mt-agent-test"])
-            .arg(dir.path())
-            .status()
-            .expect("mount")
-            .success();
-        assert!(ok, "mount -t tmpfs -o {opts} failed");
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn f07_disk_full() {
     let fs_ = Tmpfs::new("size=1m");
