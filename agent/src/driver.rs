@@ -43,10 +43,10 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::{
     caps,
     error::Failure,
+    output::{Armed, Reporter},
     perf::PerfSpec,
     probe::{AttachPlan, CounterValues, Counters, Probes},
     recorder::{self, EndReason, Recorder, RecorderOutcome},
-    report::{Armed, Reporter},
     target,
     trigger::{IndexedHit, Policy, Stats},
 };

@@ -12,7 +12,7 @@
 //! * [`symbols`]: finding the trigger in the target's mapped objects;
 //! * [`conditions`]: `--when` and the kernel's filter table;
 //! * [`index`]: the output directory and `snapshots.jsonl`;
-//! * [`report`]: text and JSON output;
+//! * [`output`]: the run's text and JSON events;
 //! * [`target`], [`caps`]: the traced process and privileges;
 //! * [`check`]: `mt-agent check`, the preflight;
 //! * [`list`]: `mt-agent symbols`.
@@ -26,10 +26,10 @@ mod driver;
 mod error;
 mod index;
 mod list;
+mod output;
 mod perf;
 mod probe;
 mod recorder;
-mod report;
 mod session;
 mod symbols;
 mod target;
@@ -43,7 +43,7 @@ use clap::Parser as _;
 use crate::{
     cli::{Cli, Command},
     error::{Failure, failure_of},
-    report::Reporter,
+    output::Reporter,
 };
 
 fn main() -> std::process::ExitCode {

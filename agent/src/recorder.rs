@@ -21,9 +21,9 @@ use nix::sys::signal::Signal;
 use crate::{
     error::Failure,
     index::{Index, OutputDir},
+    output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
     probe::{CounterValues, Counters},
-    report::{Reporter, SnapshotEvent},
     target,
     trigger::{Action, IndexedHit, Policy, Snapshot, Stats, Trigger},
 };
