@@ -29,15 +29,10 @@ use std::{
 
 use agent_common::{Exec, HIT_AT_RETURN, Hit};
 use aya::maps::{MapData, RingBuf};
-use nix::{
-    sys::{
-        epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout},
-        eventfd::{EfdFlags, EventFd},
-        time::TimeSpec,
-    },
-    time::{ClockId, clock_gettime},
+use nix::sys::{
+    epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout},
+    eventfd::{EfdFlags, EventFd},
 };
-use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
@@ -46,16 +41,12 @@ use crate::{
     output::{Armed, Reporter},
     perf::PerfSpec,
     probe::{AttachPlan, CounterValues, Counters, Probes},
-    recorder::{self, EndReason, Recorder, RecorderOutcome},
+    clock::monotonic_ns,
+    recorder::{self, Recorder},
+    run::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
     target,
     trigger::{IndexedHit, Policy, Stats},
 };
-
-/// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let ts: TimeSpec = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
 
 /// What a trigger watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,39 +87,6 @@ pub enum Event {
     Armed,
     /// The run is over.
     Finished(Box<Outcome>),
-}
-
-/// How a run ended.
-#[derive(Debug)]
-pub struct Outcome {
-    pub reason: EndReason,
-    /// Set when the run failed (exit code 3 or 4).
-    pub failure: Option<Failure>,
-    /// Kernel counters, summed over triggers.
-    pub counters: CounterValues,
-    /// State-machine counts, summed over recorders.
-    pub stats: Stats,
-    pub open_calls: u64,
-    /// perf's end and CPU time: of the single recorder, or summed.
-    pub perf_exit: Option<String>,
-    pub perf_cpu: Option<Duration>,
-    pub recorders: Vec<RecorderSummary>,
-    /// Hits from processes that had no recorder.
-    pub unrecorded_hits: u64,
-    /// Matching processes beyond `--max-targets`.
-    pub extra_processes: u64,
-}
-
-/// One recorder in the summary.
-#[derive(Debug, Clone, Serialize)]
-pub struct RecorderSummary {
-    pub trigger: u32,
-    pub pid: i32,
-    pub output: PathBuf,
-    pub end: String,
-    pub hit_snapshots: u64,
-    pub tail_snapshots: u64,
-    pub perf_exit: Option<String>,
 }
 
 /// Everything the driver needs.
@@ -196,21 +154,12 @@ pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Han
         .name("mt-agent-driver".into())
         .spawn(move || {
             let outcome = Driver::new(setup, rx, thread_wake, events.clone()).map(|mut d| d.run());
-            let outcome = outcome.unwrap_or_else(|e| Outcome {
-                reason: EndReason::Failed,
-                failure: Some(
+            let outcome = outcome.unwrap_or_else(|e| {
+                Outcome::failed(
                     crate::error::failure_of(&e)
                         .cloned()
                         .unwrap_or_else(|| Failure::runtime(format!("{e:#}"))),
-                ),
-                counters: CounterValues::default(),
-                stats: Stats::default(),
-                open_calls: 0,
-                perf_exit: None,
-                perf_cpu: None,
-                recorders: Vec::new(),
-                unrecorded_hits: 0,
-                extra_processes: 0,
+                )
             });
             let _ = events.send(Event::Finished(Box::new(outcome)));
         })?;
@@ -927,19 +876,7 @@ impl Driver {
             open_calls,
             perf_exit: single.and_then(|o| o.perf_exit.clone()),
             perf_cpu,
-            recorders: self
-                .finished
-                .iter()
-                .map(|o| RecorderSummary {
-                    trigger: o.trigger,
-                    pid: o.tgid,
-                    output: o.dir.clone(),
-                    end: o.reason.describe(),
-                    hit_snapshots: o.stats.hit_snapshots,
-                    tail_snapshots: o.stats.tail_snapshots,
-                    perf_exit: o.perf_exit.clone(),
-                })
-                .collect(),
+            recorders: self.finished.iter().map(RecorderSummary::from).collect(),
             unrecorded_hits: self.unrecorded,
             extra_processes: self.extra,
         }

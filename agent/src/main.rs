@@ -19,6 +19,7 @@
 
 mod caps;
 mod check;
+mod clock;
 mod cli;
 mod conditions;
 mod config;
@@ -30,6 +31,7 @@ mod output;
 mod perf;
 mod probe;
 mod recorder;
+mod run;
 mod session;
 mod symbols;
 mod target;

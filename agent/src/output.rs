@@ -101,7 +101,7 @@ pub struct Summary {
     pub output: PathBuf,
     /// `--exe` and `--config`: each recorder (one per traced process).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub recorders: Vec<crate::driver::RecorderSummary>,
+    pub recorders: Vec<crate::run::RecorderSummary>,
     /// Hits from processes that had no recorder.
     pub unrecorded_hits: u64,
     /// Processes of an `--exe` beyond `--max-targets`, not recorded.

@@ -24,6 +24,7 @@ use crate::{
     output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
     probe::{CounterValues, Counters},
+    run::{EndReason, RecorderOutcome},
     target,
     trigger::{Action, IndexedHit, Policy, Snapshot, Stats, Trigger},
 };
@@ -36,43 +37,6 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often perf's CPU use is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
-/// Why a recorder (or the whole run) ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EndReason {
-    /// `--max-snapshots` reached.
-    MaxSnapshots,
-    /// `--duration` passed.
-    Duration,
-    /// SIGINT, SIGTERM or SIGHUP.
-    Signal(&'static str),
-    /// The target exited.
-    TargetExited,
-    /// The target exec'd a new image; the probe no longer fires.
-    Exec,
-    /// perf ended on its own (a failure).
-    PerfEnded,
-    /// The output file system is full (a failure).
-    DiskFull,
-    /// Some other failure.
-    Failed,
-}
-
-impl EndReason {
-    /// Text for the summary.
-    pub fn describe(&self) -> String {
-        match self {
-            EndReason::MaxSnapshots => "--max-snapshots reached".into(),
-            EndReason::Duration => "--duration passed".into(),
-            EndReason::Signal(s) => format!("{s} received"),
-            EndReason::TargetExited => "the target exited".into(),
-            EndReason::Exec => "the target exec'd a new image".into(),
-            EndReason::PerfEnded => "perf ended unexpectedly".into(),
-            EndReason::DiskFull => "the output file system is full".into(),
-            EndReason::Failed => "a failure".into(),
-        }
-    }
-}
-
 /// What the driver should do after feeding a recorder an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Notes {
@@ -80,19 +44,6 @@ pub struct Notes {
     pub ready: bool,
     /// `--max-snapshots` was reached: this recorder wants no more hits.
     pub limit_reached: bool,
-}
-
-/// How a recorder ended.
-#[derive(Debug, Clone)]
-pub struct RecorderOutcome {
-    pub trigger: u32,
-    pub tgid: i32,
-    pub dir: PathBuf,
-    pub reason: EndReason,
-    pub failure: Option<Failure>,
-    pub stats: Stats,
-    pub perf_exit: Option<String>,
-    pub perf_cpu: Option<Duration>,
 }
 
 /// A running recorder.
@@ -231,7 +182,7 @@ impl Recorder {
             self.ready_at = Some(Instant::now());
             if self.reason.is_some() {
                 // Asked to stop before it was ready: it can read `stop` now.
-                let actions = self.machine.on_stop_request(crate::driver::monotonic_ns());
+                let actions = self.machine.on_stop_request(crate::clock::monotonic_ns());
                 self.apply(actions);
             }
             return Notes {
@@ -300,7 +251,7 @@ impl Recorder {
             self.stopping_since.get_or_insert_with(Instant::now);
             return;
         }
-        let actions = self.machine.on_stop_request(crate::driver::monotonic_ns());
+        let actions = self.machine.on_stop_request(crate::clock::monotonic_ns());
         self.apply(actions);
     }
 
@@ -315,7 +266,7 @@ impl Recorder {
     /// Time passed: fire what is due, escalate, sample perf's CPU, watch for
     /// an exec of the target.
     pub fn tick(&mut self, now: Instant) -> Notes {
-        let due = self.machine.on_tick(crate::driver::monotonic_ns());
+        let due = self.machine.on_tick(crate::clock::monotonic_ns());
         let notes = self.apply(due);
         if self.ready_at.is_none()
             && now.duration_since(self.spawned) > READY_TIMEOUT
@@ -381,7 +332,7 @@ impl Recorder {
     pub fn next_deadline(&self, now: Instant) -> Instant {
         let mut next = self.next_sample;
         if let Some(ns) = self.machine.next_deadline() {
-            let wait = Duration::from_nanos(ns.saturating_sub(crate::driver::monotonic_ns()));
+            let wait = Duration::from_nanos(ns.saturating_sub(crate::clock::monotonic_ns()));
             next = next.min(now + wait);
         }
         if let Some(since) = self.stopping_since
@@ -410,7 +361,7 @@ impl Recorder {
                         .unwrap_or_else(|| path.display().to_string());
                     // Every Dump is a switch perf finished, even one that
                     // reused a name (see `index`): the state machine counts it.
-                    let actions = self.machine.on_dump(name, crate::driver::monotonic_ns());
+                    let actions = self.machine.on_dump(name, crate::clock::monotonic_ns());
                     let n = self.apply(actions);
                     notes.limit_reached |= n.limit_reached;
                 }
@@ -536,7 +487,7 @@ impl Recorder {
             .collect();
         left.sort();
         for name in left {
-            let actions = self.machine.on_dump(name, crate::driver::monotonic_ns());
+            let actions = self.machine.on_dump(name, crate::clock::monotonic_ns());
             let actions = actions
                 .into_iter()
                 .filter(|a| matches!(a, Action::Index(_)))

@@ -31,7 +31,7 @@ use crate::{
     output::{Armed, Reporter, Summary},
     perf::{self, PerfSpec},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
-    recorder::EndReason,
+    run::EndReason,
     symbols::{self, Query, Resolution, insn},
     target,
     trigger::Policy,
