@@ -20,7 +20,7 @@
 use std::{
     collections::HashMap,
     fs,
-    os::fd::{AsFd, BorrowedFd},
+    os::fd::AsFd,
     path::PathBuf,
     sync::{Arc, OnceLock, mpsc},
     thread::JoinHandle,
@@ -37,12 +37,13 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
     caps,
+    clock::Now,
+    end::run_end,
     error::Failure,
     output::{Armed, Reporter},
     perf::PerfSpec,
     probe::{AttachPlan, CounterValues, Counters, Probes},
-    clock::monotonic_ns,
-    recorder::{self, Recorder},
+    recorder::{self, Feedback, Recorder, RecorderFd},
     run::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
     target,
     trigger::{IndexedHit, Policy, Stats},
@@ -129,18 +130,51 @@ impl Handle {
     }
 }
 
-const T_RING: u64 = 1;
-const T_EXECS: u64 = 2;
-const T_WAKE: u64 = 3;
-const T_LOGGER: u64 = 4;
-/// Recorder tokens: `(slot + 1) << 3 | kind`.
-const K_STDERR: u64 = 0;
-const K_ACK: u64 = 1;
-const K_PERF_EXIT: u64 = 2;
-const K_TARGET_EXIT: u64 = 3;
+/// What an epoll event is about: the driver's own fds, or one fd of the
+/// recorder in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    /// The HITS ring buffer.
+    Ring,
+    /// The EXECS ring buffer (`--exe`).
+    Execs,
+    /// The eventfd the main thread writes after sending a [`Command`].
+    Wake,
+    /// The aya-log reader (`-v`).
+    Logger,
+    Recorder(usize, RecorderFd),
+}
 
-fn token(slot: usize, kind: u64) -> u64 {
-    ((slot as u64 + 1) << 3) | kind
+impl Token {
+    /// The epoll event's data: small numbers for the driver's fds, and
+    /// `(slot + 1) << 3 | fd kind` for a recorder's.
+    fn encode(self) -> u64 {
+        match self {
+            Token::Ring => 1,
+            Token::Execs => 2,
+            Token::Wake => 3,
+            Token::Logger => 4,
+            Token::Recorder(slot, fd) => ((slot as u64 + 1) << 3) | fd as u64,
+        }
+    }
+
+    fn decode(data: u64) -> Option<Self> {
+        Some(match data {
+            1 => Token::Ring,
+            2 => Token::Execs,
+            3 => Token::Wake,
+            4 => Token::Logger,
+            d if d >= 8 => Token::Recorder(
+                (d >> 3) as usize - 1,
+                *RecorderFd::ALL.get((d & 7) as usize)?,
+            ),
+            _ => return None,
+        })
+    }
+
+    fn event(self) -> EpollEvent {
+        EpollEvent::new(EpollFlags::EPOLLIN, self.encode())
+    }
 }
 
 /// Starts the driver thread.
@@ -204,10 +238,7 @@ impl Driver {
         events: UnboundedSender<Event>,
     ) -> anyhow::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
-        let watch = |fd: BorrowedFd<'_>, token: u64| {
-            epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, token))
-        };
-        watch(wake.as_fd(), T_WAKE)?;
+        epoll.add(wake.as_fd(), Token::Wake.event())?;
         if let Some(prio) = s.rt_priority {
             set_fifo(prio, &s.reporter);
         }
@@ -252,16 +283,17 @@ impl Driver {
                 }
             };
             for ev in &events[..n] {
-                match ev.data() {
-                    T_RING => self.read_ring(),
-                    T_EXECS => self.read_execs(),
-                    T_WAKE => self.commands(),
-                    T_LOGGER => {
+                match Token::decode(ev.data()) {
+                    Some(Token::Ring) => self.read_ring(),
+                    Some(Token::Execs) => self.read_execs(),
+                    Some(Token::Wake) => self.commands(),
+                    Some(Token::Logger) => {
                         if let Some(l) = &mut self.logger {
                             l.flush();
                         }
                     }
-                    t => self.recorder_event((t >> 3) as usize - 1, t & 7),
+                    Some(Token::Recorder(slot, fd)) => self.recorder_event(slot, fd),
+                    None => {}
                 }
             }
             self.timers();
@@ -315,9 +347,7 @@ impl Driver {
             }
             match self.probes.as_mut().expect("loaded").take_execs() {
                 Ok(r) => {
-                    let _ = self
-                        .epoll
-                        .add(r.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, T_EXECS));
+                    let _ = self.epoll.add(r.as_fd(), Token::Execs.event());
                     self.execs = Some(r);
                 }
                 Err(e) => {
@@ -375,9 +405,7 @@ impl Driver {
         if self.s.verbose {
             self.logger = probes.take_logger();
             if let Some(l) = &self.logger {
-                let _ = self
-                    .epoll
-                    .add(l.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, T_LOGGER));
+                let _ = self.epoll.add(l.as_fd(), Token::Logger.event());
             }
         }
         self.probes = Some(probes);
@@ -433,12 +461,9 @@ impl Driver {
                 self.slots.push(None);
                 self.slots.len() - 1
             });
-        for (kind, fd) in rec.fds().into_iter().enumerate() {
-            if let Some(fd) = fd {
-                let _ = self.epoll.add(
-                    fd,
-                    EpollEvent::new(EpollFlags::EPOLLIN, token(slot, kind as u64)),
-                );
+        for kind in RecorderFd::ALL {
+            if let Some(fd) = rec.fd(kind) {
+                let _ = self.epoll.add(fd, Token::Recorder(slot, kind).event());
             }
         }
         self.by_target.insert((trigger, pid), slot);
@@ -514,8 +539,8 @@ impl Driver {
     }
 
     fn timeout(&self) -> EpollTimeout {
-        let now = Instant::now();
-        let mut next = now + Duration::from_millis(500);
+        let now = Now::read();
+        let mut next = now.at + Duration::from_millis(500);
         for r in self.slots.iter().flatten() {
             next = next.min(r.next_deadline(now));
         }
@@ -524,24 +549,23 @@ impl Driver {
         {
             next = next.min(armed + delay);
         }
-        let wait = next.saturating_duration_since(now);
+        let wait = next.saturating_duration_since(now.at);
         // Round up to whole ms so a deadline is never missed by a hair.
         let ms = wait.as_nanos().div_ceil(1_000_000) as u64;
         EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::NONE)
     }
 
     fn timers(&mut self) {
-        let now = Instant::now();
+        let now = Now::read();
         if !self.ring_watched
             && let Some(armed) = self.armed_at
-            && now >= armed + self.s.reader_delay.unwrap_or_default()
+            && now.at >= armed + self.s.reader_delay.unwrap_or_default()
         {
             self.watch_ring();
         }
         for slot in 0..self.slots.len() {
             if let Some(r) = &mut self.slots[slot] {
-                let notes = r.tick(now);
-                if notes.limit_reached {
+                if r.tick(now).limit_reached {
                     self.limit_reached(slot);
                 }
             }
@@ -552,16 +576,15 @@ impl Driver {
         if !self.ring_watched
             && let Some(ring) = &self.ring
         {
-            let token = EpollEvent::new(EpollFlags::EPOLLIN, T_RING);
-            if self.epoll.add(ring.as_fd(), token).is_ok() {
+            if self.epoll.add(ring.as_fd(), Token::Ring.event()).is_ok() {
                 self.ring_watched = true;
             }
             self.read_ring();
         }
     }
 
-    fn recorder_event(&mut self, slot: usize, kind: u64) {
-        if matches!(kind, K_STDERR | K_PERF_EXIT) {
+    fn recorder_event(&mut self, slot: usize, kind: RecorderFd) {
+        if matches!(kind, RecorderFd::Stderr | RecorderFd::PerfExit) {
             // A Dump line (or perf's exit) may race hits already in the ring
             // buffer: deliver those first, so they land in the snapshot that
             // was being written when they happened.
@@ -570,51 +593,49 @@ impl Driver {
         let Some(r) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let notes = match kind {
-            K_STDERR => r.on_stderr(),
-            K_ACK => r.on_ack(),
-            K_PERF_EXIT => {
+        let now = Now::read();
+        let feedback = match kind {
+            RecorderFd::Stderr => r.on_stderr(now),
+            RecorderFd::Ack => r.on_ack(now),
+            RecorderFd::PerfExit => {
                 r.on_perf_exit();
-                Default::default()
+                Feedback::default()
             }
-            K_TARGET_EXIT => {
-                r.on_target_exit();
-                if let Some(fd) = r.fds()[3] {
+            RecorderFd::TargetExit => {
+                if let Some(fd) = r.fd(RecorderFd::TargetExit) {
                     let _ = self.epoll.delete(fd);
                 }
-                Default::default()
+                r.on_target_exit(now);
+                Feedback::default()
             }
-            _ => Default::default(),
         };
         // Closed pipes stay readable; stop watching them. Once perf is
         // ready, its acks are drained with stderr instead of waking us.
         if let Some(r) = self.slots[slot].as_ref() {
             let (ack_closed, stderr_closed) = r.pipes_closed();
-            let fds = r.fds();
-            if (ack_closed || (kind == K_ACK && !r.watch_acks()))
-                && let Some(fd) = fds[1]
+            if (ack_closed || (kind == RecorderFd::Ack && !r.watch_acks()))
+                && let Some(fd) = r.fd(RecorderFd::Ack)
             {
                 let _ = self.epoll.delete(fd);
             }
-            if stderr_closed && let Some(fd) = fds[0] {
+            if stderr_closed && let Some(fd) = r.fd(RecorderFd::Stderr) {
                 let _ = self.epoll.delete(fd);
             }
         }
-        if notes.ready {
-            self.recorder_ready(slot);
+        if let Some(after) = feedback.perf_ready {
+            self.recorder_ready(slot, after);
         }
-        if notes.limit_reached {
+        if feedback.limit_reached {
             self.limit_reached(slot);
         }
     }
 
     /// A recorder's perf is ready. For a `--pid` trigger, attach its probes now.
-    fn recorder_ready(&mut self, slot: usize) {
+    fn recorder_ready(&mut self, slot: usize, ready_after: Duration) {
         let Some(r) = self.slots[slot].as_ref() else {
             return;
         };
-        let (trigger, pid, perf_pid, ready_after) =
-            (r.trigger, r.tgid, r.perf_pid(), r.ready_after());
+        let (trigger, pid, perf_pid) = (r.trigger, r.tgid, r.perf_pid());
         let dir = r.dir.clone();
         if self.stopping.is_some() {
             return;
@@ -630,11 +651,11 @@ impl Driver {
             self.detach_trigger(trigger);
             if let Some(r) = self.slots[slot].as_mut() {
                 if target::is_alive(pid) {
-                    r.fail(f);
+                    r.fail(f, Now::read());
                 } else {
                     // The target exited while perf started (attach fails
                     // with ESRCH): a normal end, not a failure.
-                    r.stop(EndReason::TargetExited);
+                    r.stop(EndReason::TargetExited, Now::read());
                 }
             }
             return;
@@ -642,7 +663,7 @@ impl Driver {
         armed.pid = Some(pid);
         armed.perf_pid = Some(perf_pid);
         armed.uprobes = self.probes.as_ref().map_or(0, |p| p.attached_for(trigger));
-        armed.perf_ready_ms = ready_after.map_or(0.0, ms);
+        armed.perf_ready_ms = ms(ready_after);
         armed.time_to_armed_ms = ms(self.s.agent_started.elapsed());
         self.s.reporter.armed(&armed);
         self.armed_now(Some(pid));
@@ -657,7 +678,7 @@ impl Driver {
             self.detach_trigger(trigger);
         }
         if let Some(r) = self.slots[slot].as_mut() {
-            r.stop(EndReason::MaxSnapshots);
+            r.stop(EndReason::MaxSnapshots, Now::read());
         }
     }
 
@@ -674,7 +695,7 @@ impl Driver {
                 // ring buffer gives no alignment guarantee, hence read_unaligned.
                 unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) }
             };
-            let now = monotonic_ns();
+            let now = Now::read();
             self.next_seq += 1;
             let at_return = hit.flags & HIT_AT_RETURN != 0;
             let ih = IndexedHit {
@@ -693,13 +714,13 @@ impl Driver {
                 // Ready: the state machine takes it (while stopping, it goes
                 // into the tail).
                 Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::ready) => {
-                    let notes = self.slots[slot]
+                    let feedback = self.slots[slot]
                         .as_mut()
                         .map(|r| r.on_hit(ih.clone(), now))
                         .unwrap_or_default();
                     // Signal perf first; report after.
                     self.s.reporter.hit(&ih);
-                    if notes.limit_reached {
+                    if feedback.limit_reached {
                         self.limit_reached(slot);
                     }
                 }
@@ -744,8 +765,9 @@ impl Driver {
         self.stopping.get_or_insert(reason.clone());
         // No more hits are wanted.
         self.detach_all();
+        let now = Now::read();
         for r in self.slots.iter_mut().flatten() {
-            r.stop(reason.clone());
+            r.stop(reason.clone(), now);
         }
     }
 
@@ -766,7 +788,7 @@ impl Driver {
             // hits end in its tail (or unsnapshotted).
             self.read_ring();
             let r = self.slots[slot].take().expect("exited recorder");
-            for fd in r.fds().into_iter().flatten() {
+            for fd in RecorderFd::ALL.into_iter().filter_map(|k| r.fd(k)) {
                 let _ = self.epoll.delete(fd);
             }
             let (trigger, pid) = (r.trigger, r.tgid);
@@ -775,7 +797,7 @@ impl Driver {
             if is_pid {
                 self.detach_trigger(trigger);
             }
-            let outcome = r.finish();
+            let outcome = r.finish(Now::read());
             if let Some(f) = &outcome.failure {
                 if outcome.reason == EndReason::DiskFull || self.s.single {
                     if self.fatal.is_none() {
@@ -854,22 +876,13 @@ impl Driver {
             }
         }
         let single = self.s.single.then(|| self.finished.first()).flatten();
-        let reason = match (&self.stopping, single) {
-            (Some(r), _) if *r != EndReason::Failed => r.clone(),
-            (_, Some(o)) => o.reason.clone(),
-            (Some(r), None) => r.clone(),
-            (None, None) => EndReason::TargetExited,
-        };
-        let failure = self
-            .fatal
-            .take()
-            .or_else(|| single.and_then(|o| o.failure.clone()));
+        let (reason, failure) = run_end(
+            self.stopping.as_ref(),
+            self.fatal.take(),
+            single.map(|o| (&o.reason, o.failure.as_ref())),
+        );
         Outcome {
-            reason: if failure.is_some() && reason == EndReason::TargetExited {
-                EndReason::Failed
-            } else {
-                reason
-            },
+            reason,
             failure,
             counters,
             stats,

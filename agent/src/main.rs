@@ -19,11 +19,12 @@
 
 mod caps;
 mod check;
-mod clock;
 mod cli;
+mod clock;
 mod conditions;
 mod config;
 mod driver;
+mod end;
 mod error;
 mod index;
 mod list;

@@ -1,11 +1,13 @@
-//! One perf recorder: a `perf record -p PID` process, the trigger state
+//! One perf recorder: a `perf record -p PID` process, the snapshot state
 //! machine that drives it, and the index of its output directory.
 //!
 //! The driver thread owns the recorders and feeds them events (acks, stderr
-//! lines, hits, time); a recorder never blocks. Its life: spawned → ready
-//! (first `ping` acked) → switching on hits → stopping (`stop`, then SIGTERM
-//! after 10 s, then SIGKILL after 10 s more) → finished (perf reaped, every
-//! file it left indexed).
+//! lines, hits) with the time they happened; a recorder never blocks and
+//! never reads the clock. Its life is one [`Phase`]: starting (perf spawned)
+//! → recording (first `ping` acked; switching on hits) → stopping (`stop`,
+//! then SIGTERM after 10 s, then SIGKILL after 10 s more) → exited (perf's
+//! pidfd fired). [`Recorder::finish`] then indexes every file perf left and
+//! asks [`crate::end::recorder_end`] how the recorder ended.
 
 use std::{
     collections::HashSet,
@@ -19,6 +21,8 @@ use std::{
 use nix::sys::signal::Signal;
 
 use crate::{
+    clock::Now,
+    end::{RecorderFacts, recorder_end},
     error::Failure,
     index::{Index, OutputDir},
     output::{Reporter, SnapshotEvent},
@@ -37,13 +41,203 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often perf's CPU use is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
-/// What the driver should do after feeding a recorder an event.
+/// What the driver must act on after feeding a recorder an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Notes {
-    /// perf just became ready.
-    pub ready: bool,
+pub struct Feedback {
+    /// perf just became ready, this long after it was spawned.
+    pub perf_ready: Option<Duration>,
     /// `--max-snapshots` was reached: this recorder wants no more hits.
     pub limit_reached: bool,
+}
+
+/// The fds of a recorder that the driver waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecorderFd {
+    /// perf's stderr: `Dump` lines, warnings, and the acks once perf is ready.
+    Stderr,
+    /// perf's ack pipe, watched until perf's first ack.
+    Ack,
+    /// perf's pidfd: readable when perf exits.
+    PerfExit,
+    /// The target's pidfd: readable when the target exits.
+    TargetExit,
+}
+
+impl RecorderFd {
+    pub const ALL: [RecorderFd; 4] = [
+        RecorderFd::Stderr,
+        RecorderFd::Ack,
+        RecorderFd::PerfExit,
+        RecorderFd::TargetExit,
+    ];
+}
+
+/// Signals sent to perf while it is ending, in escalation order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Sent {
+    Nothing,
+    Term,
+    Kill,
+}
+
+/// Why, and since when, a recorder is ending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    /// The first reason given.
+    pub reason: EndReason,
+    /// The first failure recorded.
+    pub failure: Option<Failure>,
+    /// When the escalation clock started.
+    pub since: Instant,
+    pub sent: Sent,
+}
+
+/// Where a recorder is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// perf spawned; its first ack not seen yet (it would ignore SIGUSR2).
+    Starting,
+    /// perf acked its first `ping`: hits go to the state machine.
+    Recording,
+    /// Asked to end.
+    Stopping {
+        perf_was_ready: bool,
+        ending: Ending,
+    },
+    /// perf exited; `ending` is None if nobody asked it to end.
+    Exited {
+        perf_was_ready: bool,
+        ending: Option<Ending>,
+    },
+}
+
+impl Phase {
+    /// Whether perf acked its first `ping` (from then on, hits go to the
+    /// state machine; while stopping, into the tail).
+    pub fn perf_was_ready(&self) -> bool {
+        match self {
+            Phase::Starting => false,
+            Phase::Recording => true,
+            Phase::Stopping { perf_was_ready, .. } | Phase::Exited { perf_was_ready, .. } => {
+                *perf_was_ready
+            }
+        }
+    }
+
+    pub fn ending(&self) -> Option<&Ending> {
+        match self {
+            Phase::Stopping { ending, .. } => Some(ending),
+            Phase::Exited { ending, .. } => ending.as_ref(),
+            Phase::Starting | Phase::Recording => None,
+        }
+    }
+
+    fn failure(&self) -> Option<&Failure> {
+        self.ending().and_then(|e| e.failure.as_ref())
+    }
+
+    /// perf acked its first `ping`.
+    pub fn perf_ready(&mut self) {
+        match self {
+            Phase::Starting => *self = Phase::Recording,
+            Phase::Stopping { perf_was_ready, .. } | Phase::Exited { perf_was_ready, .. } => {
+                *perf_was_ready = true
+            }
+            Phase::Recording => {}
+        }
+    }
+
+    /// perf's pidfd fired.
+    pub fn perf_exited(&mut self) {
+        let perf_was_ready = self.perf_was_ready();
+        let ending = match std::mem::replace(self, Phase::Starting) {
+            Phase::Stopping { ending, .. } => Some(ending),
+            Phase::Exited { ending, .. } => ending,
+            Phase::Starting | Phase::Recording => None,
+        };
+        *self = Phase::Exited {
+            perf_was_ready,
+            ending,
+        };
+    }
+
+    /// Starts ending for `reason` at `now`; an ending already under way
+    /// keeps its first reason and its clock. Returns the ending.
+    pub fn end(&mut self, reason: EndReason, now: Instant) -> &mut Ending {
+        let fresh = Ending {
+            reason,
+            failure: None,
+            since: now,
+            sent: Sent::Nothing,
+        };
+        match self {
+            Phase::Starting | Phase::Recording => {
+                *self = Phase::Stopping {
+                    perf_was_ready: self.perf_was_ready(),
+                    ending: fresh,
+                }
+            }
+            Phase::Exited { ending, .. } if ending.is_none() => *ending = Some(fresh),
+            Phase::Stopping { .. } | Phase::Exited { .. } => {}
+        }
+        match self {
+            Phase::Stopping { ending, .. }
+            | Phase::Exited {
+                ending: Some(ending),
+                ..
+            } => ending,
+            _ => unreachable!("an ending was set above"),
+        }
+    }
+
+    /// Whether perf missed its start-up deadline: not ready `READY_TIMEOUT`
+    /// after `spawned`, and no failure recorded yet.
+    pub fn ready_overdue(&self, spawned: Instant, now: Instant) -> bool {
+        !self.perf_was_ready()
+            && self.failure().is_none()
+            && now.duration_since(spawned) > READY_TIMEOUT
+    }
+
+    /// The next escalation signal due at `now`, if any: SIGTERM
+    /// [`ESCALATE_AFTER`] after the ending began, SIGKILL as long again
+    /// after that. Records it as sent.
+    pub fn escalate(&mut self, now: Instant) -> Option<Signal> {
+        let e = match self {
+            Phase::Stopping { ending, .. } => ending,
+            Phase::Exited {
+                ending: Some(ending),
+                ..
+            } => ending,
+            _ => return None,
+        };
+        match e.sent {
+            Sent::Nothing if now >= e.since + ESCALATE_AFTER => {
+                e.sent = Sent::Term;
+                Some(Signal::SIGTERM)
+            }
+            Sent::Term if now >= e.since + 2 * ESCALATE_AFTER => {
+                e.sent = Sent::Kill;
+                Some(Signal::SIGKILL)
+            }
+            _ => None,
+        }
+    }
+
+    /// When [`Phase::escalate`] or the start-up deadline next has something
+    /// to do.
+    pub fn next_deadline(&self, spawned: Instant) -> Option<Instant> {
+        let escalation = self.ending().and_then(|e| match e.sent {
+            Sent::Nothing => Some(e.since + ESCALATE_AFTER),
+            Sent::Term => Some(e.since + 2 * ESCALATE_AFTER),
+            Sent::Kill => None,
+        });
+        let ready =
+            (!self.perf_was_ready() && self.failure().is_none()).then_some(spawned + READY_TIMEOUT);
+        match (escalation, ready) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// A running recorder.
@@ -53,7 +247,10 @@ pub struct Recorder {
     pub dir: PathBuf,
     perf: PerfProcess,
     spawned: Instant,
-    ready_at: Option<Instant>,
+    phase: Phase,
+    /// perf or the index hit a full file system (perf's messages say so, or
+    /// a write failed with ENOSPC).
+    disk_full: bool,
     machine: Trigger,
     index: Index,
     output: OutputDir,
@@ -66,15 +263,8 @@ pub struct Recorder {
     snapshots: u64,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
-    reason: Option<EndReason>,
-    failure: Option<Failure>,
-    stopping_since: Option<Instant>,
-    sent_term: bool,
-    sent_kill: bool,
-    disk_full: bool,
     spin: SpinDetector,
     next_sample: Instant,
-    exited: bool,
 }
 
 impl Recorder {
@@ -116,7 +306,8 @@ impl Recorder {
             dir,
             perf,
             spawned,
-            ready_at: None,
+            phase: Phase::Starting,
+            disk_full: false,
             machine: Trigger::new(policy),
             index,
             output,
@@ -127,26 +318,19 @@ impl Recorder {
             snapshots: 0,
             target_pidfd: perf::pidfd_open(tgid).ok(),
             exe_id: target::exe_id(tgid),
-            reason: None,
-            failure: None,
-            stopping_since: None,
-            sent_term: false,
-            sent_kill: false,
-            disk_full: false,
             spin: SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
-            exited: false,
         })
     }
 
-    /// The fds to wait on: stderr, ack pipe, perf's pidfd, the target's pidfd.
-    pub fn fds(&self) -> [Option<BorrowedFd<'_>>; 4] {
-        [
-            Some(self.perf.stderr_fd()),
-            Some(self.perf.ack_fd()),
-            Some(self.perf.pidfd()),
-            self.target_pidfd.as_ref().map(|f| f.as_fd()),
-        ]
+    /// One of the fds to wait on.
+    pub fn fd(&self, kind: RecorderFd) -> Option<BorrowedFd<'_>> {
+        match kind {
+            RecorderFd::Stderr => Some(self.perf.stderr_fd()),
+            RecorderFd::Ack => Some(self.perf.ack_fd()),
+            RecorderFd::PerfExit => Some(self.perf.pidfd()),
+            RecorderFd::TargetExit => self.target_pidfd.as_ref().map(|f| f.as_fd()),
+        }
     }
 
     /// perf's pid.
@@ -154,49 +338,44 @@ impl Recorder {
         self.perf.pid().as_raw()
     }
 
-    /// Since spawning perf, until its first ack.
-    pub fn ready_after(&self) -> Option<Duration> {
-        self.ready_at.map(|r| r.duration_since(self.spawned))
-    }
-
     /// Whether perf is ready: from then on, hits go to the state machine
     /// (before, a SIGUSR2 would be ignored by perf).
     pub fn ready(&self) -> bool {
-        self.ready_at.is_some()
+        self.phase.perf_was_ready()
     }
 
     /// Whether perf has exited (the recorder can be finished).
     pub fn exited(&self) -> bool {
-        self.exited
+        matches!(self.phase, Phase::Exited { .. })
     }
 
     /// perf's ack pipe is readable.
-    pub fn on_ack(&mut self) -> Notes {
-        self.take_acks()
+    pub fn on_ack(&mut self, now: Now) -> Feedback {
+        self.take_acks(now)
     }
 
     /// Reads pending acks; the first one means perf is ready.
-    fn take_acks(&mut self) -> Notes {
+    fn take_acks(&mut self, now: Now) -> Feedback {
         let acked = self.perf.read_acks().unwrap_or(0) > 0;
-        if acked && self.ready_at.is_none() {
-            self.ready_at = Some(Instant::now());
-            if self.reason.is_some() {
-                // Asked to stop before it was ready: it can read `stop` now.
-                let actions = self.machine.on_stop_request(crate::clock::monotonic_ns());
-                self.apply(actions);
-            }
-            return Notes {
-                ready: true,
-                ..Notes::default()
-            };
+        if !acked || self.phase.perf_was_ready() {
+            return Feedback::default();
         }
-        Notes::default()
+        self.phase.perf_ready();
+        if self.phase.ending().is_some() {
+            // Asked to stop before it was ready: it can read `stop` now.
+            let actions = self.machine.on_stop_request(now.ns);
+            self.apply(actions, now);
+        }
+        Feedback {
+            perf_ready: Some(now.at.duration_since(self.spawned)),
+            ..Feedback::default()
+        }
     }
 
     /// Whether the ack pipe still needs watching: only until perf's first ack
     /// (readiness). Later acks are drained with stderr.
     pub fn watch_acks(&self) -> bool {
-        self.ready_at.is_none()
+        !self.phase.perf_was_ready()
     }
 
     /// Whether perf closed its ack pipe or stderr (it is exiting).
@@ -205,153 +384,145 @@ impl Recorder {
     }
 
     /// perf's stderr is readable.
-    pub fn on_stderr(&mut self) -> Notes {
+    pub fn on_stderr(&mut self, now: Now) -> Feedback {
         // Acks of the pings sent with each SIGUSR2 are drained here, not
         // waited on: a wakeup per ack, in the middle of perf's switch, would
         // compete with perf for the CPU (see `Recorder::watch_acks`). perf
         // may also write warnings before its first ack: that one still
         // counts as readiness.
-        let mut notes = self.take_acks();
+        let mut feedback = self.take_acks(now);
         let lines = self.perf.read_stderr().unwrap_or_default();
-        let more = self.perf_lines(lines);
-        notes.limit_reached |= more.limit_reached;
-        notes
+        feedback.limit_reached |= self.perf_lines(lines, now).limit_reached;
+        feedback
     }
 
     /// perf's pidfd is readable: it exited.
     pub fn on_perf_exit(&mut self) {
-        self.exited = true;
+        self.phase.perf_exited();
     }
 
     /// The target's pidfd is readable: it exited. perf finalizes and exits by
     /// itself; the escalation starts in case it does not.
-    pub fn on_target_exit(&mut self) {
+    pub fn on_target_exit(&mut self, now: Now) {
         self.target_pidfd = None;
-        self.reason.get_or_insert(EndReason::TargetExited);
-        self.stopping_since.get_or_insert_with(Instant::now);
+        self.phase.end(EndReason::TargetExited, now.at);
     }
 
     /// An accepted hit for this recorder.
-    pub fn on_hit(&mut self, hit: IndexedHit, now_ns: u64) -> Notes {
-        let actions = self.machine.on_hit(hit, now_ns);
-        self.apply(actions)
+    pub fn on_hit(&mut self, hit: IndexedHit, now: Now) -> Feedback {
+        let actions = self.machine.on_hit(hit, now.ns);
+        self.apply(actions, now)
     }
 
     /// End this recorder for `reason`: finish the switch in flight, then stop
     /// perf (or SIGTERM it if it is not ready yet).
-    pub fn stop(&mut self, reason: EndReason) {
-        self.reason.get_or_insert(reason);
+    pub fn stop(&mut self, reason: EndReason, now: Now) {
         // The escalation clock starts now, whatever the state machine does
         // (it may still wait for a switch in flight).
-        self.stopping_since.get_or_insert_with(Instant::now);
-        if self.ready_at.is_none() {
+        let ready = self.phase.perf_was_ready();
+        let ending = self.phase.end(reason, now.at);
+        if !ready {
             // perf is not in its main loop yet; it would not read `stop`.
             self.perf.signal(Signal::SIGTERM);
-            self.sent_term = true;
-            self.stopping_since.get_or_insert_with(Instant::now);
+            ending.sent = ending.sent.max(Sent::Term);
             return;
         }
-        let actions = self.machine.on_stop_request(crate::clock::monotonic_ns());
-        self.apply(actions);
+        let actions = self.machine.on_stop_request(now.ns);
+        self.apply(actions, now);
     }
 
     /// Records a failure and stops.
-    pub fn fail(&mut self, f: Failure) {
-        if self.failure.is_none() {
-            self.failure = Some(f);
-        }
-        self.stop(EndReason::Failed);
+    pub fn fail(&mut self, f: Failure, now: Now) {
+        self.phase
+            .end(EndReason::Failed, now.at)
+            .failure
+            .get_or_insert(f);
+        self.stop(EndReason::Failed, now);
     }
 
     /// Time passed: fire what is due, escalate, sample perf's CPU, watch for
     /// an exec of the target.
-    pub fn tick(&mut self, now: Instant) -> Notes {
-        let due = self.machine.on_tick(crate::clock::monotonic_ns());
-        let notes = self.apply(due);
-        if self.ready_at.is_none()
-            && now.duration_since(self.spawned) > READY_TIMEOUT
-            && self.failure.is_none()
-        {
-            self.failure = Some(Failure::runtime(format!(
+    pub fn tick(&mut self, now: Now) -> Feedback {
+        let due = self.machine.on_tick(now.ns);
+        let feedback = self.apply(due, now);
+        if self.phase.ready_overdue(self.spawned, now.at) {
+            self.phase.end(EndReason::Failed, now.at).failure = Some(Failure::runtime(format!(
                 "perf did not become ready within {} s; see perf's messages below",
                 READY_TIMEOUT.as_secs()
             )));
-            self.reason.get_or_insert(EndReason::Failed);
             self.perf.signal(Signal::SIGTERM);
-            self.stopping_since.get_or_insert(now);
         }
-        if let Some(since) = self.stopping_since {
-            if !self.sent_term && now >= since + ESCALATE_AFTER {
+        match self.phase.escalate(now.at) {
+            Some(Signal::SIGTERM) => {
                 self.reporter.warning(&format!(
                     "perf (pid {}) did not exit 10 s after stop; sending SIGTERM",
                     self.perf_pid()
                 ));
                 self.perf.signal(Signal::SIGTERM);
-                self.sent_term = true;
-            } else if self.sent_term && !self.sent_kill && now >= since + 2 * ESCALATE_AFTER {
+            }
+            Some(signal) => {
                 self.reporter.warning(&format!(
                     "perf (pid {}) did not exit 10 s after SIGTERM; sending SIGKILL",
                     self.perf_pid()
                 ));
-                self.perf.signal(Signal::SIGKILL);
-                self.sent_kill = true;
+                self.perf.signal(signal);
             }
+            None => {}
         }
-        if now >= self.next_sample {
-            self.next_sample = now + SAMPLE_EVERY;
-            if let Some(cpu) = self.perf.cpu_time()
-                && let Some(frac) = self.spin.sample(now.duration_since(self.spawned), cpu)
-            {
-                self.reporter.warning(&format!(
-                    "perf (pid {}) is using {:.0}% of a core (for 2 s or more); perf 6.1 can spin \
-                     when threads of the target exit (fixed upstream in 2026)",
-                    self.perf_pid(),
-                    frac * 100.0
-                ));
-            }
-            // Exec: the probe is bound to the old file and no longer fires.
-            if self.reason.is_none()
-                && let (Some(was), Some(now_id)) = (self.exe_id, target::exe_id(self.tgid))
-                && was != now_id
-            {
-                self.reporter.warning(&format!(
-                    "pid {} exec'd a new image ({}); the probe was bound to the old file and no \
-                     longer fires; ending its recording",
-                    self.tgid,
-                    fs::read_link(format!("/proc/{}/exe", self.tgid))
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default()
-                ));
-                self.stop(EndReason::Exec);
-            }
+        if now.at >= self.next_sample {
+            self.next_sample = now.at + SAMPLE_EVERY;
+            self.sample_perf_cpu(now);
+            self.watch_for_exec(now);
         }
-        notes
+        feedback
+    }
+
+    fn sample_perf_cpu(&mut self, now: Now) {
+        if let Some(cpu) = self.perf.cpu_time()
+            && let Some(frac) = self.spin.sample(now.at.duration_since(self.spawned), cpu)
+        {
+            self.reporter.warning(&format!(
+                "perf (pid {}) is using {:.0}% of a core (for 2 s or more); perf 6.1 can spin \
+                 when threads of the target exit (fixed upstream in 2026)",
+                self.perf_pid(),
+                frac * 100.0
+            ));
+        }
+    }
+
+    /// Exec: the probe is bound to the old file and no longer fires.
+    fn watch_for_exec(&mut self, now: Now) {
+        if self.phase.ending().is_none()
+            && let (Some(was), Some(now_id)) = (self.exe_id, target::exe_id(self.tgid))
+            && was != now_id
+        {
+            self.reporter.warning(&format!(
+                "pid {} exec'd a new image ({}); the probe was bound to the old file and no \
+                 longer fires; ending its recording",
+                self.tgid,
+                fs::read_link(format!("/proc/{}/exe", self.tgid))
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ));
+            self.stop(EndReason::Exec, now);
+        }
     }
 
     /// The next moment [`Recorder::tick`] has something to do.
-    pub fn next_deadline(&self, now: Instant) -> Instant {
+    pub fn next_deadline(&self, now: Now) -> Instant {
         let mut next = self.next_sample;
         if let Some(ns) = self.machine.next_deadline() {
-            let wait = Duration::from_nanos(ns.saturating_sub(crate::clock::monotonic_ns()));
-            next = next.min(now + wait);
+            let wait = Duration::from_nanos(ns.saturating_sub(now.ns));
+            next = next.min(now.at + wait);
         }
-        if let Some(since) = self.stopping_since
-            && !self.sent_kill
-        {
-            next = next.min(if self.sent_term {
-                since + 2 * ESCALATE_AFTER
-            } else {
-                since + ESCALATE_AFTER
-            });
-        }
-        if self.ready_at.is_none() && self.failure.is_none() {
-            next = next.min(self.spawned + READY_TIMEOUT);
+        if let Some(at) = self.phase.next_deadline(self.spawned) {
+            next = next.min(at);
         }
         next
     }
 
-    fn perf_lines(&mut self, lines: Vec<PerfLine>) -> Notes {
-        let mut notes = Notes::default();
+    fn perf_lines(&mut self, lines: Vec<PerfLine>, now: Now) -> Feedback {
+        let mut feedback = Feedback::default();
         for line in lines {
             match line {
                 PerfLine::Dump(path) => {
@@ -361,9 +532,8 @@ impl Recorder {
                         .unwrap_or_else(|| path.display().to_string());
                     // Every Dump is a switch perf finished, even one that
                     // reused a name (see `index`): the state machine counts it.
-                    let actions = self.machine.on_dump(name, crate::clock::monotonic_ns());
-                    let n = self.apply(actions);
-                    notes.limit_reached |= n.limit_reached;
+                    let actions = self.machine.on_dump(name, now.ns);
+                    feedback.limit_reached |= self.apply(actions, now).limit_reached;
                 }
                 PerfLine::Other(l) => {
                     if l.contains("No space left on device") {
@@ -374,33 +544,32 @@ impl Recorder {
                 }
             }
         }
-        notes
+        feedback
     }
 
-    fn apply(&mut self, actions: Vec<Action>) -> Notes {
-        let mut notes = Notes::default();
+    fn apply(&mut self, actions: Vec<Action>, now: Now) -> Feedback {
+        let mut feedback = Feedback::default();
         for a in actions {
             match a {
                 Action::Switch => {
                     let _ = self.perf.switch();
                 }
+                // The state machine asks for `stop` only once the recorder
+                // is ending: the escalation clock already runs.
                 Action::Stop => {
                     let _ = self.perf.stop();
-                    self.stopping_since.get_or_insert_with(Instant::now);
                 }
-                Action::LimitReached => {
-                    self.reason.get_or_insert(EndReason::MaxSnapshots);
-                    notes.limit_reached = true;
-                }
-                Action::Index(snap) => self.index(snap),
+                // The driver stops the recorder (and detaches a `--pid`
+                // trigger's probes) for `--max-snapshots`.
+                Action::LimitReached => feedback.limit_reached = true,
+                Action::Index(snap) => self.index(snap, now),
             }
         }
-        notes
+        feedback
     }
-
     /// Writes a completed snapshot to the index, with the kernel's counters
     /// of this trigger at that moment.
-    fn index(&mut self, snap: Snapshot) {
+    fn index(&mut self, snap: Snapshot, now: Now) {
         if self.indexed.contains(&snap.file) {
             // perf names files by wall-clock time, so a clock stepped back
             // (NTP, an operator) can reuse a name; `rename()` then replaced
@@ -412,7 +581,7 @@ impl Recorder {
             ));
             self.listed.retain(|f| f != &snap.file);
             if let Err(e) = self.index.deleted(&snap.file) {
-                self.index_failed(e);
+                self.index_failed(e, now);
             }
         }
         let path = self.dir.join(&snap.file);
@@ -424,7 +593,7 @@ impl Recorder {
             .unwrap_or_default();
         let merged = self.machine.stats().merged;
         if let Err(e) = self.index.snapshot(&snap, bytes, counters, merged) {
-            self.index_failed(e);
+            self.index_failed(e, now);
         }
         self.output.keep();
         self.indexed.insert(snap.file.clone());
@@ -448,12 +617,12 @@ impl Recorder {
         self.listed = kept;
         for f in gone {
             if let Err(e) = self.index.deleted(&f) {
-                self.index_failed(e);
+                self.index_failed(e, now);
             }
         }
     }
 
-    fn index_failed(&mut self, e: std::io::Error) {
+    fn index_failed(&mut self, e: std::io::Error, now: Now) {
         if e.raw_os_error() == Some(libc::ENOSPC) {
             self.disk_full = true;
         }
@@ -466,35 +635,19 @@ impl Recorder {
         } else {
             Failure::runtime(format!("writing {}: {e}", self.index.path().display()))
         };
-        self.fail(f);
+        self.fail(f, now);
     }
 
     /// Call once perf's pidfd fired and the ring buffer was drained: indexes
     /// every file perf left and returns the outcome.
-    pub fn finish(mut self) -> RecorderOutcome {
+    pub fn finish(mut self, now: Now) -> RecorderOutcome {
         let status = self.perf.try_wait().ok().flatten();
         let perf_cpu = self.perf.last_cpu_time();
         let lines = self.perf.flush_stderr();
-        self.perf_lines(lines);
-        // Files perf completed without a Dump line (it was killed, or it
-        // printed `<timestamp>` literally on SIGTERM): the tail.
-        let mut left: Vec<String> = fs::read_dir(&self.dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("perf.data.") && !self.indexed.contains(n))
-            .collect();
-        left.sort();
-        for name in left {
-            let actions = self.machine.on_dump(name, crate::clock::monotonic_ns());
-            let actions = actions
-                .into_iter()
-                .filter(|a| matches!(a, Action::Index(_)))
-                .collect();
-            self.apply(actions);
-        }
-        if self.ready_at.is_none() && self.snapshots == 0 {
+        self.perf_lines(lines, now);
+        self.index_leftovers(now);
+        let perf_was_ready = self.phase.perf_was_ready();
+        if !perf_was_ready && self.snapshots == 0 {
             // perf never started recording: its half-made perf.data is not a
             // snapshot, and the directory is tidied away with it.
             let _ = fs::remove_file(self.dir.join("perf.data"));
@@ -506,106 +659,54 @@ impl Recorder {
                 self.tgid
             ));
         }
+        let ending = self.phase.ending().cloned();
+        let requested = ending.as_ref().map(|e| e.reason.clone());
         let target_alive =
-            !matches!(self.reason, Some(EndReason::TargetExited)) && target::is_alive(self.tgid);
-        if !target_alive && self.reason.is_none() {
-            self.reason = Some(EndReason::TargetExited);
-        }
-        let we_ended_it = self.machine.stop_sent() || self.sent_term || self.sent_kill;
-        if self.ready_at.is_none()
-            && self.failure.is_none()
-            && target_alive
-            && self.reason.is_none()
-        {
-            self.failure = Some(perf_start_failure(status, &self.perf.last_lines()));
-        } else if self.disk_full && self.failure.is_none() {
-            self.failure = Some(Failure::runtime(
-                "the output file system is full: perf could not write; completed snapshots are \
-                 kept and listed",
-            ));
-        } else if self.failure.is_none() && target_alive && !we_ended_it {
-            let how = status
-                .map(perf::describe_status)
-                .unwrap_or_else(|| "unknown status".into());
-            self.failure = Some(
-                Failure::runtime(format!(
-                    "perf ended unexpectedly ({how}) while the target (pid {}) still runs",
-                    self.tgid
-                ))
-                .with_detail(
-                    self.perf
-                        .last_lines()
-                        .into_iter()
-                        .map(|l| format!("perf: {l}")),
-                ),
-            );
-            self.reason = Some(EndReason::PerfEnded);
-        }
-        if self.disk_full {
-            self.reason = Some(EndReason::DiskFull);
-            // perf's own words on the full disk, as for any runtime failure.
-            if let Some(f) = self.failure.as_mut().filter(|f| f.detail.is_empty()) {
-                f.detail.extend(
-                    self.perf
-                        .last_lines()
-                        .into_iter()
-                        .map(|l| format!("perf: {l}")),
-                );
-            }
-        }
+            requested != Some(EndReason::TargetExited) && target::is_alive(self.tgid);
+        let perf_exit = status.map(perf::describe_status);
+        let (reason, failure) = recorder_end(RecorderFacts {
+            tgid: self.tgid,
+            perf_was_ready,
+            failure: ending.as_ref().and_then(|e| e.failure.clone()),
+            requested,
+            disk_full: self.disk_full,
+            target_alive,
+            we_ended_perf: self.machine.stop_sent()
+                || ending.is_some_and(|e| e.sent != Sent::Nothing),
+            perf_exit: perf_exit.clone(),
+            perf_lines: &self.perf.last_lines(),
+        });
         RecorderOutcome {
             trigger: self.trigger,
             tgid: self.tgid,
             dir: self.dir.clone(),
-            reason: self.reason.clone().unwrap_or(EndReason::PerfEnded),
-            failure: self.failure.take(),
+            reason,
+            failure,
             stats: self.machine.stats(),
-            perf_exit: status.map(perf::describe_status),
+            perf_exit,
             perf_cpu,
         }
     }
-}
 
-/// The failure for a perf that exited before it was ready: bad arguments
-/// (exit code 2), no permission to open perf events (3) or anything else
-/// (4), with its last stderr lines.
-fn perf_start_failure(status: Option<std::process::ExitStatus>, lines: &[String]) -> Failure {
-    let how = status
-        .map(perf::describe_status)
-        .unwrap_or_else(|| "unknown status".into());
-    let usage = lines.iter().any(|l| {
-        l.contains("event syntax error")
-            || l.contains("unknown tracepoint")
-            || l.contains("Usage:")
-            || l.contains("unknown option")
-            || l.contains("unknown switch")
-            || l.contains("invalid or unsupported event")
-    });
-    // perf's messages for EACCES/EPERM from perf_event_open
-    // (tools/perf/util/evsel.c, evsel__open_strerror).
-    let denied = lines.iter().find(|l| {
-        l.contains("Permission denied")
-            || l.contains("perf_event_paranoid")
-            || l.contains("No permission")
-    });
-    let first = lines.first().cloned().unwrap_or_default();
-    let detail = lines.iter().map(|l| format!("perf: {l}"));
-    if let Some(why) = denied.filter(|_| !usage) {
-        Failure::environment(format!(
-            "perf may not open its events here ({how}): {why}; run as root or with \
-             CAP_PERFMON/CAP_SYS_ADMIN, or lower kernel.perf_event_paranoid"
-        ))
-        .with_detail(detail)
-    } else if usage {
-        Failure::usage(format!(
-            "perf rejected its arguments ({how}): {first}; fix --event or the extra perf arguments"
-        ))
-        .with_detail(detail)
-    } else {
-        Failure::runtime(format!(
-            "perf exited at start ({how}); see its messages below"
-        ))
-        .with_detail(detail)
+    /// Indexes files perf completed without a Dump line (it was killed, or
+    /// it printed `<timestamp>` literally on SIGTERM): the tail.
+    fn index_leftovers(&mut self, now: Now) {
+        let mut left: Vec<String> = fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("perf.data.") && !self.indexed.contains(n))
+            .collect();
+        left.sort();
+        for name in left {
+            let actions = self.machine.on_dump(name, now.ns);
+            let actions = actions
+                .into_iter()
+                .filter(|a| matches!(a, Action::Index(_)))
+                .collect();
+            self.apply(actions, now);
+        }
     }
 }
 
@@ -636,29 +737,81 @@ pub fn add_stats(a: &mut Stats, b: &Stats) {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::process::ExitStatusExt;
-
     use super::*;
-    use crate::error::ExitCode;
 
-    fn failure_for(lines: &[&str]) -> Failure {
-        let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-        perf_start_failure(Some(std::process::ExitStatus::from_raw(255 << 8)), &lines)
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_recorder_starts_then_records_once_perf_acks() {
+        let mut p = Phase::Starting;
+        assert!(!p.perf_was_ready());
+        p.perf_ready();
+        assert_eq!(p, Phase::Recording);
+        assert!(p.perf_was_ready());
     }
 
     #[test]
-    fn perf_start_failures_get_the_documented_exit_code() {
-        let bad_event = failure_for(&["event syntax error: 'nosuch'", "Run 'perf list'"]);
-        assert_eq!(bad_event.code, ExitCode::Usage);
-        let denied = failure_for(&[
-            "Error:",
-            "Access to performance monitoring and observability operations is limited.",
-            "perf_event_paranoid setting is 4:",
-        ]);
-        assert_eq!(denied.code, ExitCode::Environment);
-        assert!(denied.message.contains("paranoid"), "{}", denied.message);
-        let other = failure_for(&["failed to mmap with 12 (Cannot allocate memory)"]);
-        assert_eq!(other.code, ExitCode::Runtime);
-        assert_eq!(other.detail.len(), 1);
+    fn the_first_end_reason_and_its_clock_are_kept() {
+        let t0 = Instant::now();
+        let mut p = Phase::Recording;
+        p.end(EndReason::Signal("SIGINT"), t0);
+        p.end(EndReason::Failed, t0 + S).failure = Some(Failure::runtime("x"));
+        let e = p.ending().unwrap();
+        assert_eq!(e.reason, EndReason::Signal("SIGINT"));
+        assert_eq!(e.since, t0);
+        assert!(e.failure.is_some());
+        assert!(p.perf_was_ready());
+    }
+
+    #[test]
+    fn a_perf_that_ignores_stop_gets_sigterm_then_sigkill() {
+        let t0 = Instant::now();
+        let mut p = Phase::Recording;
+        p.end(EndReason::Duration, t0);
+        assert_eq!(p.next_deadline(t0), Some(t0 + ESCALATE_AFTER));
+        assert_eq!(p.escalate(t0 + 9 * S), None);
+        assert_eq!(p.escalate(t0 + ESCALATE_AFTER), Some(Signal::SIGTERM));
+        assert_eq!(p.escalate(t0 + ESCALATE_AFTER), None);
+        assert_eq!(p.next_deadline(t0), Some(t0 + 2 * ESCALATE_AFTER));
+        assert_eq!(p.escalate(t0 + 2 * ESCALATE_AFTER), Some(Signal::SIGKILL));
+        assert_eq!(p.escalate(t0 + 60 * S), None);
+        assert_eq!(p.next_deadline(t0), None);
+    }
+
+    #[test]
+    fn a_perf_that_never_acks_is_overdue_after_the_ready_timeout() {
+        let t0 = Instant::now();
+        let mut p = Phase::Starting;
+        assert_eq!(p.next_deadline(t0), Some(t0 + READY_TIMEOUT));
+        assert!(!p.ready_overdue(t0, t0 + READY_TIMEOUT));
+        assert!(p.ready_overdue(t0, t0 + READY_TIMEOUT + S));
+        // Once the failure is recorded, it is not overdue twice.
+        p.end(EndReason::Failed, t0 + READY_TIMEOUT + S).failure = Some(Failure::runtime("x"));
+        assert!(!p.ready_overdue(t0, t0 + 2 * READY_TIMEOUT));
+    }
+
+    #[test]
+    fn perf_exiting_keeps_why_it_was_ending() {
+        let t0 = Instant::now();
+        let mut p = Phase::Starting;
+        p.end(EndReason::TargetExited, t0);
+        p.perf_exited();
+        assert!(matches!(
+            p,
+            Phase::Exited {
+                perf_was_ready: false,
+                ..
+            }
+        ));
+        assert_eq!(p.ending().unwrap().reason, EndReason::TargetExited);
+        let mut q = Phase::Recording;
+        q.perf_exited();
+        assert_eq!(
+            q,
+            Phase::Exited {
+                perf_was_ready: true,
+                ending: None
+            }
+        );
     }
 }
