@@ -564,10 +564,10 @@ impl Driver {
             self.watch_ring();
         }
         for slot in 0..self.slots.len() {
-            if let Some(r) = &mut self.slots[slot] {
-                if r.tick(now).limit_reached {
-                    self.limit_reached(slot);
-                }
+            if let Some(r) = &mut self.slots[slot]
+                && r.tick(now).limit_reached
+            {
+                self.limit_reached(slot);
             }
         }
     }
