@@ -122,13 +122,13 @@ impl Cond {
             (a < v, a == v)
         };
         match self.op {
-            0 => eq,
-            1 => !eq,
-            2 => lt,
-            3 => lt || eq,
-            4 => !lt && !eq,
-            5 => !lt,
-            6 => a & v != 0,
+            op if op == CondOp::Eq as u8 => eq,
+            op if op == CondOp::Ne as u8 => !eq,
+            op if op == CondOp::Lt as u8 => lt,
+            op if op == CondOp::Le as u8 => lt || eq,
+            op if op == CondOp::Gt as u8 => !lt && !eq,
+            op if op == CondOp::Ge as u8 => !lt,
+            op if op == CondOp::Mask as u8 => a & v != 0,
             _ => false,
         }
     }
@@ -253,46 +253,64 @@ pub struct FrameKey {
     pub _pad: u32,
 }
 
-/// Slots of the per-CPU `COUNTERS` array. Trigger `t` uses slots
-/// `t * NCOUNTERS ..= t * NCOUNTERS + NCOUNTERS - 1`. Each per-CPU slot is
-/// bumped with an atomic add, because a uprobe program can be preempted on
-/// this kernel; userspace sums over CPUs.
-///
-/// The identity `Seen = Σ Drop* + Accepted (+ calls still open)` holds
-/// exactly, and so does `Accepted = delivered + Lost`.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// Every entry of the probed function in the traced scope.
-    Seen = 0,
-    /// Dropped: the thread is not one of `--tid`.
-    DropTid = 1,
-    /// Dropped: a `--when` condition failed.
-    DropWhen = 2,
-    /// Dropped: the call was faster than `--slower-than`.
-    DropDuration = 3,
-    /// Dropped by `--every`.
-    DropEvery = 4,
-    /// Dropped by `--max-rate`.
-    DropRate = 5,
-    /// Dropped by `--cooldown`.
-    DropCooldown = 6,
-    /// Dropped: a `--slower-than` call left without passing a probed `ret`
-    /// (tail jump, exception, longjmp), or its frame stack overflowed.
-    DropNoReturn = 7,
-    /// Passed every filter.
-    Accepted = 8,
-    /// Accepted, but the ring buffer was full, so the record was lost.
-    Lost = 9,
-    /// Dropped because a map operation failed: the `FRAMES` map was full
-    /// ([`MAX_FRAME_STACKS`] threads inside `--slower-than` calls), a Go
-    /// goroutine's stack bounds could not be read, or the per-process state
-    /// map could not take a new process.
-    DropError = 10,
+/// Defines [`Counter`] and, from the same list, [`Counter::ALL`] and
+/// [`NCOUNTERS`], so that the slot count cannot drift from the enum.
+macro_rules! counters {
+    ($(#[$doc:meta])* pub enum Counter { $($(#[$vdoc:meta])* $name:ident = $slot:literal,)* }) => {
+        $(#[$doc])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $($(#[$vdoc])* $name = $slot,)*
+        }
+
+        impl Counter {
+            /// Every counter, in slot order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$name,)*];
+        }
+
+        /// Number of [`Counter`] slots per trigger.
+        pub const NCOUNTERS: u32 = Counter::ALL.len() as u32;
+    };
 }
 
-/// Number of [`Counter`] slots per trigger.
-pub const NCOUNTERS: u32 = 11;
+counters! {
+    /// Slots of the per-CPU `COUNTERS` array. Trigger `t` uses slots
+    /// `t * NCOUNTERS ..= t * NCOUNTERS + NCOUNTERS - 1`. Each per-CPU slot is
+    /// bumped with an atomic add, because a uprobe program can be preempted on
+    /// this kernel; userspace sums over CPUs.
+    ///
+    /// The identity `Seen = Σ Drop* + Accepted (+ calls still open)` holds
+    /// exactly, and so does `Accepted = delivered + Lost`.
+    pub enum Counter {
+        /// Every entry of the probed function in the traced scope.
+        Seen = 0,
+        /// Dropped: the thread is not one of `--tid`.
+        DropTid = 1,
+        /// Dropped: a `--when` condition failed.
+        DropWhen = 2,
+        /// Dropped: the call was faster than `--slower-than`.
+        DropDuration = 3,
+        /// Dropped by `--every`.
+        DropEvery = 4,
+        /// Dropped by `--max-rate`.
+        DropRate = 5,
+        /// Dropped by `--cooldown`.
+        DropCooldown = 6,
+        /// Dropped: a `--slower-than` call left without passing a probed `ret`
+        /// (tail jump, exception, longjmp), or its frame stack overflowed.
+        DropNoReturn = 7,
+        /// Passed every filter.
+        Accepted = 8,
+        /// Accepted, but the ring buffer was full, so the record was lost.
+        Lost = 9,
+        /// Dropped because a map operation failed: the `FRAMES` map was full
+        /// ([`MAX_FRAME_STACKS`] threads inside `--slower-than` calls), a Go
+        /// goroutine's stack bounds could not be read, or the per-process state
+        /// map could not take a new process.
+        DropError = 10,
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -322,5 +340,43 @@ mod tests {
         );
         assert_eq!(size_of::<Frame>(), 16 + 8 * NARGS);
         assert_eq!(size_of::<FrameStack>(), 8 + size_of::<Frame>() * MAX_DEPTH);
+    }
+
+    #[test]
+    fn counters_fill_their_slots_in_order() {
+        assert_eq!(NCOUNTERS, 11);
+        for (slot, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, slot);
+        }
+    }
+
+    #[test]
+    fn each_condition_operator_compares_as_its_name_says() {
+        let cond = |op: CondOp, signed: u8, value: u64| Cond {
+            arg: 1,
+            op: op as u8,
+            signed,
+            value,
+            ..Cond::default()
+        };
+        let args = |a1: u64| [0, a1, 0, 0, 0, 0];
+        assert!(cond(CondOp::Eq, 0, 7).holds(&args(7)));
+        assert!(!cond(CondOp::Ne, 0, 7).holds(&args(7)));
+        assert!(cond(CondOp::Lt, 0, 7).holds(&args(6)));
+        assert!(cond(CondOp::Le, 0, 7).holds(&args(7)));
+        assert!(cond(CondOp::Gt, 0, 7).holds(&args(8)));
+        assert!(!cond(CondOp::Ge, 0, 7).holds(&args(6)));
+        assert!(cond(CondOp::Mask, 0, 4).holds(&args(6)));
+        assert!(!cond(CondOp::Mask, 0, 8).holds(&args(6)));
+        // -1 is below 0 when signed, above it when not.
+        assert!(cond(CondOp::Lt, 1, 0).holds(&args(u64::MAX)));
+        assert!(!cond(CondOp::Lt, 0, 0).holds(&args(u64::MAX)));
+        assert!(
+            !Cond {
+                op: 99,
+                ..cond(CondOp::Eq, 0, 0)
+            }
+            .holds(&args(0))
+        );
     }
 }

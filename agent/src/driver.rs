@@ -38,12 +38,13 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::{
     caps,
     clock::Now,
+    counters::{CounterValues, Counters},
     end::run_end,
     error::Failure,
     output::{Armed, Reporter},
     perf::PerfSpec,
-    probe::{AttachPlan, CounterValues, Counters, Probes},
-    recorder::{self, Feedback, Recorder, RecorderFd},
+    probe::{AttachPlan, Probes},
+    recorder::{Feedback, Recorder, RecorderFd},
     run::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
     target,
     trigger::{IndexedHit, Policy, Stats},
@@ -863,14 +864,14 @@ impl Driver {
         let mut open_calls = 0;
         if let Some(c) = self.counters.get() {
             for t in &self.s.triggers {
-                recorder::add_counters(&mut counters, &c.read(t.index));
+                counters.add(&c.read(t.index));
                 open_calls += c.open_calls(t.index);
             }
         }
         let mut stats = Stats::default();
         let mut perf_cpu: Option<Duration> = None;
         for o in &self.finished {
-            recorder::add_stats(&mut stats, &o.stats);
+            stats.add(&o.stats);
             if let Some(c) = o.perf_cpu {
                 perf_cpu = Some(perf_cpu.unwrap_or_default() + c);
             }

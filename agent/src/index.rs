@@ -25,8 +25,8 @@ use std::{
 use serde::Serialize;
 
 use crate::{
+    counters::CounterValues,
     error::Failure,
-    probe::CounterValues,
     trigger::{IndexedHit, Snapshot, SnapshotKind},
 };
 

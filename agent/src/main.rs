@@ -23,6 +23,7 @@ mod cli;
 mod clock;
 mod conditions;
 mod config;
+mod counters;
 mod driver;
 mod end;
 mod error;

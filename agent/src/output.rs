@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
+    counters::CounterValues,
     error::Failure,
-    probe::CounterValues,
     symbols::insn::CostHint,
     trigger::{IndexedHit, SnapshotKind, Stats},
 };

@@ -11,7 +11,8 @@
 
 use std::{io, num::NonZeroU32, path::PathBuf};
 
-use agent_common::{Counter, FrameKey, FrameStack, NCOUNTERS, TriggerConfig};
+use crate::{counters::Counters, error::Failure};
+use agent_common::TriggerConfig;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
@@ -21,9 +22,6 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
-use serde::Serialize;
-
-use crate::error::Failure;
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mt-agent-ebpf"));
 
@@ -265,10 +263,10 @@ impl Probes {
             .ebpf
             .take_map("FRAMES")
             .ok_or_else(|| anyhow::anyhow!("FRAMES map missing"))?;
-        Ok(Counters {
-            counters: PerCpuArray::try_from(counters)?,
-            frames: HashMap::try_from(frames)?,
-        })
+        Ok(Counters::new(
+            PerCpuArray::try_from(counters)?,
+            HashMap::try_from(frames)?,
+        ))
     }
 
     /// Takes the aya-log reader (only useful with `verbose`).
@@ -301,109 +299,4 @@ fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &
         source = e.source();
     }
     Failure::runtime(format!("{doing}: {}", detail.join(": ")))
-}
-
-/// Counter values of one trigger, summed over CPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CounterValues {
-    /// Entries of the function in the traced scope.
-    pub seen: u64,
-    /// Dropped, by reason.
-    pub dropped: Dropped,
-    /// Passed every filter.
-    pub accepted: u64,
-    /// Accepted but lost: the ring buffer was full.
-    pub lost: u64,
-}
-
-/// Hits dropped in the kernel, per filter (in the order they are checked).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Dropped {
-    pub tid: u64,
-    pub when: u64,
-    pub duration: u64,
-    pub every: u64,
-    pub rate: u64,
-    pub cooldown: u64,
-    /// `--slower-than` calls that left without a probed `ret`.
-    pub no_return: u64,
-    /// A map was full or a read failed (`Counter::DropError`).
-    pub error: u64,
-}
-
-impl Dropped {
-    /// All drops.
-    pub fn total(&self) -> u64 {
-        self.tid
-            + self.when
-            + self.duration
-            + self.every
-            + self.rate
-            + self.cooldown
-            + self.no_return
-            + self.error
-    }
-
-    /// `cooldown 9990, when 3`: the non-zero reasons.
-    pub fn describe(&self) -> String {
-        let parts: Vec<String> = [
-            ("tid", self.tid),
-            ("when", self.when),
-            ("duration", self.duration),
-            ("every", self.every),
-            ("rate", self.rate),
-            ("cooldown", self.cooldown),
-            ("no-return", self.no_return),
-            ("error", self.error),
-        ]
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(k, n)| format!("{k} {n}"))
-        .collect();
-        parts.join(", ")
-    }
-}
-
-/// Reads the per-CPU counters (and open `--slower-than` calls).
-pub struct Counters {
-    counters: PerCpuArray<MapData, u64>,
-    frames: HashMap<MapData, FrameKey, FrameStack>,
-}
-
-impl Counters {
-    /// One trigger's counters, summed over CPUs.
-    pub fn read(&self, trigger: u32) -> CounterValues {
-        let get = |c: Counter| -> u64 {
-            self.counters
-                .get(&(trigger * NCOUNTERS + c as u32), 0)
-                .map(|v| v.iter().sum())
-                .unwrap_or(0)
-        };
-        CounterValues {
-            seen: get(Counter::Seen),
-            dropped: Dropped {
-                tid: get(Counter::DropTid),
-                when: get(Counter::DropWhen),
-                duration: get(Counter::DropDuration),
-                every: get(Counter::DropEvery),
-                rate: get(Counter::DropRate),
-                cooldown: get(Counter::DropCooldown),
-                no_return: get(Counter::DropNoReturn),
-                error: get(Counter::DropError),
-            },
-            accepted: get(Counter::Accepted),
-            lost: get(Counter::Lost),
-        }
-    }
-
-    /// `--slower-than` calls of a trigger that were entered and have not
-    /// returned (still running, or left in a way no probe saw).
-    pub fn open_calls(&self, trigger: u32) -> u64 {
-        self.frames
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, _)| k.trigger == trigger)
-            .map(|(_, v)| u64::from(v.depth))
-            .sum()
-    }
 }

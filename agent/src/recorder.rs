@@ -22,15 +22,15 @@ use nix::sys::signal::Signal;
 
 use crate::{
     clock::Now,
+    counters::Counters,
     end::{RecorderFacts, recorder_end},
     error::Failure,
     index::{Index, OutputDir},
     output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
-    probe::{CounterValues, Counters},
     run::{EndReason, RecorderOutcome},
     target,
-    trigger::{Action, IndexedHit, Policy, Snapshot, Stats, Trigger},
+    trigger::{Action, IndexedHit, Policy, Snapshot, Trigger},
 };
 
 /// Between `stop` and SIGTERM, and between SIGTERM and SIGKILL (perf's own
@@ -708,31 +708,6 @@ impl Recorder {
             self.apply(actions, now);
         }
     }
-}
-
-/// Sums counter values (for a summary over several triggers).
-pub fn add_counters(a: &mut CounterValues, b: &CounterValues) {
-    a.seen += b.seen;
-    a.accepted += b.accepted;
-    a.lost += b.lost;
-    let (x, y) = (&mut a.dropped, &b.dropped);
-    x.tid += y.tid;
-    x.when += y.when;
-    x.duration += y.duration;
-    x.every += y.every;
-    x.rate += y.rate;
-    x.cooldown += y.cooldown;
-    x.no_return += y.no_return;
-    x.error += y.error;
-}
-
-/// Sums state-machine counts.
-pub fn add_stats(a: &mut Stats, b: &Stats) {
-    a.delivered += b.delivered;
-    a.merged += b.merged;
-    a.hit_snapshots += b.hit_snapshots;
-    a.tail_snapshots += b.tail_snapshots;
-    a.unsnapshotted += b.unsnapshotted;
 }
 
 #[cfg(test)]

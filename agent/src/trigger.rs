@@ -123,6 +123,17 @@ struct Hits {
     unlisted: u64,
 }
 
+impl Stats {
+    /// Adds another recorder's counts (for a summary over several).
+    pub fn add(&mut self, other: &Stats) {
+        self.delivered += other.delivered;
+        self.merged += other.merged;
+        self.hit_snapshots += other.hit_snapshots;
+        self.tail_snapshots += other.tail_snapshots;
+        self.unsnapshotted += other.unsnapshotted;
+    }
+}
+
 impl Hits {
     fn push(&mut self, hit: IndexedHit) {
         if self.listed.len() < MAX_LISTED_HITS {
