@@ -24,11 +24,7 @@ use std::{
 
 use serde::Serialize;
 
-use crate::{
-    counters::CounterValues,
-    error::Failure,
-    trigger::{IndexedHit, Snapshot, SnapshotKind},
-};
+use crate::{counters::CounterValues, error::Failure, trigger::Snapshot};
 
 /// File name of the index inside the output directory.
 pub const INDEX_FILE: &str = "snapshots.jsonl";
@@ -194,10 +190,6 @@ pub fn create_exclusive(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
 /// The index writer.
 pub struct Index {
     file: File,
@@ -206,20 +198,12 @@ pub struct Index {
     len: u64,
 }
 
-/// One index line for a completed snapshot.
+/// One index line for a completed snapshot: the snapshot's fields, then
+/// the kernel's counters and the merged count at that moment.
 #[derive(Debug, Serialize)]
 pub struct Entry<'a> {
-    pub kind: SnapshotKind,
-    pub file: &'a str,
-    /// File size when it completed, bytes.
-    pub bytes: u64,
-    pub hits: &'a [IndexedHit],
-    /// From the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hit_to_kill_ns: Option<u64>,
-    /// Merged hits beyond the 100 listed: counted only.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub unlisted_hits: u64,
+    #[serde(flatten)]
+    pub snapshot: &'a Snapshot,
     /// The kernel's counters when the snapshot completed.
     pub counters: CounterValues,
     /// Hits merged into snapshots so far.
@@ -245,18 +229,12 @@ impl Index {
     /// Appends a snapshot line.
     pub fn snapshot(
         &mut self,
-        s: &Snapshot,
-        bytes: u64,
+        snapshot: &Snapshot,
         counters: CounterValues,
         merged: u64,
     ) -> io::Result<()> {
         self.line(&Entry {
-            kind: s.kind,
-            file: &s.file,
-            bytes,
-            hits: &s.hits,
-            hit_to_kill_ns: s.hit_to_kill_ns,
-            unlisted_hits: s.unlisted_hits,
+            snapshot,
             counters,
             merged,
         })
@@ -290,6 +268,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trigger::SnapshotKind;
 
     #[test]
     fn output_dir_rules() {
@@ -337,20 +316,23 @@ mod tests {
         let snap = Snapshot {
             kind: SnapshotKind::Tail,
             file: "perf.data.1".into(),
+            bytes: 10,
             hits: vec![],
             hit_to_kill_ns: None,
             unlisted_hits: 0,
         };
-        idx.snapshot(&snap, 10, CounterValues::default(), 0)
-            .unwrap();
+        idx.snapshot(&snap, CounterValues::default(), 0).unwrap();
         idx.deleted("perf.data.1").unwrap();
         let text = fs::read_to_string(idx.path()).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            r#"{"kind":"tail","file":"perf.data.1","bytes":10,"hits":[],"counters":{"seen":0,"dropped":{"tid":0,"when":0,"duration":0,"every":0,"rate":0,"cooldown":0,"no_return":0,"error":0},"accepted":0,"lost":0},"merged":0}"#
+        );
         assert_eq!(lines[0]["kind"], "tail");
-        assert_eq!(lines[0]["bytes"], 10);
         assert_eq!(lines[1]["kind"], "deleted");
         assert_eq!(fs::metadata(idx.path()).unwrap().mode() & 0o777, 0o600);
 

@@ -19,7 +19,7 @@ use crate::{
     counters::CounterValues,
     error::Failure,
     symbols::insn::CostHint,
-    trigger::{IndexedHit, SnapshotKind, Stats},
+    trigger::{IndexedHit, Snapshot, SnapshotKind, Stats},
 };
 
 /// Sent once both perf and the probe are ready.
@@ -54,26 +54,16 @@ pub struct Armed {
     pub perf_ready_ms: f64,
 }
 
-/// One completed snapshot, as printed (the index has the same fields).
+/// One completed snapshot, as printed: the traced process, the snapshot's
+/// number, then the snapshot's fields (as in the index).
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotEvent<'a> {
     /// The traced process it belongs to.
     pub pid: i32,
     /// Number of this snapshot (hit and tail counted together), from 1.
     pub n: u64,
-    pub kind: SnapshotKind,
-    pub file: &'a str,
-    pub bytes: u64,
-    pub hits: &'a [IndexedHit],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hit_to_kill_ns: Option<u64>,
-    /// Merged hits not listed (beyond 100 per snapshot).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub unlisted_hits: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+    #[serde(flatten)]
+    pub snapshot: &'a Snapshot,
 }
 
 /// The end of a run.
@@ -228,10 +218,11 @@ impl Reporter {
     }
 
     /// `snapshot`.
-    pub fn snapshot(&self, s: &SnapshotEvent<'_>) {
+    pub fn snapshot(&self, e: &SnapshotEvent<'_>) {
         if self.json {
-            return self.event("snapshot", s);
+            return self.event("snapshot", e);
         }
+        let s = e.snapshot;
         let size = human_bytes(s.bytes);
         match s.kind {
             SnapshotKind::Hit => {
@@ -252,7 +243,7 @@ impl Reporter {
                     .unwrap_or_default();
                 self.print(&format!(
                     "snapshot {}: {} ({size}): hit {} in tid {}, args {}{dur}{kill}{merged}",
-                    s.n,
+                    e.n,
                     s.file,
                     first.seq,
                     first.tid,
@@ -266,7 +257,7 @@ impl Reporter {
                 } else {
                     format!(", {n} late hit(s) merged")
                 };
-                self.print(&format!("tail {}: {} ({size}){hits}", s.n, s.file));
+                self.print(&format!("tail {}: {} ({size}){hits}", e.n, s.file));
             }
         }
     }

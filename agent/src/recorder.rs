@@ -569,7 +569,7 @@ impl Recorder {
     }
     /// Writes a completed snapshot to the index, with the kernel's counters
     /// of this trigger at that moment.
-    fn index(&mut self, snap: Snapshot, now: Now) {
+    fn index(&mut self, mut snap: Snapshot, now: Now) {
         if self.indexed.contains(&snap.file) {
             // perf names files by wall-clock time, so a clock stepped back
             // (NTP, an operator) can reuse a name; `rename()` then replaced
@@ -585,14 +585,14 @@ impl Recorder {
             }
         }
         let path = self.dir.join(&snap.file);
-        let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        snap.bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let counters = self
             .counters
             .get()
             .map(|c| c.read(self.trigger))
             .unwrap_or_default();
         let merged = self.machine.stats().merged;
-        if let Err(e) = self.index.snapshot(&snap, bytes, counters, merged) {
+        if let Err(e) = self.index.snapshot(&snap, counters, merged) {
             self.index_failed(e, now);
         }
         self.output.keep();
@@ -602,12 +602,7 @@ impl Recorder {
         self.reporter.snapshot(&SnapshotEvent {
             pid: self.tgid,
             n: self.snapshots,
-            kind: snap.kind,
-            file: &snap.file,
-            bytes,
-            hits: &snap.hits,
-            hit_to_kill_ns: snap.hit_to_kill_ns,
-            unlisted_hits: snap.unlisted_hits,
+            snapshot: &snap,
         });
         // perf's --switch-max-files (from --keep) deletes the oldest files.
         let dir = &self.dir;

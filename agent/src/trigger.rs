@@ -64,18 +64,28 @@ pub enum SnapshotKind {
     Tail,
 }
 
-/// A completed snapshot file, to be indexed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A completed snapshot file: the one record behind both its index line and
+/// its `snapshot` event (fields in this order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
     pub kind: SnapshotKind,
     /// File name, relative to the output directory.
     pub file: String,
+    /// File size when it completed, bytes. The state machine leaves it 0;
+    /// the recorder fills it in from the file before indexing.
+    pub bytes: u64,
     /// The hits it answers: the cause first, then merged hits.
     pub hits: Vec<IndexedHit>,
     /// Time from the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub hit_to_kill_ns: Option<u64>,
     /// Merged hits beyond [`MAX_LISTED_HITS`]: counted, not listed.
+    #[serde(skip_serializing_if = "is_zero")]
     pub unlisted_hits: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the I/O layer must do.
@@ -248,6 +258,7 @@ impl Trigger {
                 actions.push(Action::Index(Snapshot {
                     kind: SnapshotKind::Hit,
                     file,
+                    bytes: 0,
                     hits: p.hits.listed,
                     hit_to_kill_ns,
                     unlisted_hits: p.hits.unlisted,
@@ -289,6 +300,7 @@ impl Trigger {
                 actions.push(Action::Index(Snapshot {
                     kind: SnapshotKind::Tail,
                     file,
+                    bytes: 0,
                     hits: hits.listed,
                     hit_to_kill_ns: None,
                     unlisted_hits: hits.unlisted,
