@@ -18,7 +18,7 @@
 //! Hits from processes without a recorder are counted as unrecorded.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs,
     os::fd::AsFd,
     path::PathBuf,
@@ -46,8 +46,8 @@ use crate::{
     probe::{AttachPlan, Probes},
     recorder::{Feedback, Recorder, RecorderFd},
     run::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
+    snapshot::{IndexedHit, Policy, Stats},
     target,
-    trigger::{IndexedHit, Policy, Stats},
 };
 
 /// What a trigger watches.
@@ -101,8 +101,9 @@ pub struct Setup {
     pub max_targets: usize,
     pub agent_started: Instant,
     pub reporter: Arc<Reporter>,
-    /// A single `--pid` run: its recorder's failure is the run's failure.
-    pub single: bool,
+    /// A `--pid` run (one trigger, one recorder): that recorder's end and
+    /// failure are the run's.
+    pub single_pid_run: bool,
     pub verbose: bool,
     pub rt_priority: Option<i32>,
     pub reader_delay: Option<Duration>,
@@ -206,7 +207,7 @@ pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Han
 }
 
 struct Driver {
-    s: Setup,
+    setup: Setup,
     events: UnboundedSender<Event>,
     epoll: Epoll,
     rx: mpsc::Receiver<Command>,
@@ -221,7 +222,7 @@ struct Driver {
     slots: Vec<Option<Recorder>>,
     by_target: HashMap<(u32, i32), usize>,
     /// Processes whose recording ended while they live on (per trigger).
-    done: HashMap<(u32, i32), ()>,
+    done: HashSet<(u32, i32)>,
     next_seq: u64,
     armed_at: Option<Instant>,
     stopping: Option<EndReason>,
@@ -233,20 +234,20 @@ struct Driver {
 
 impl Driver {
     fn new(
-        s: Setup,
+        setup: Setup,
         rx: mpsc::Receiver<Command>,
         wake: Arc<EventFd>,
         events: UnboundedSender<Event>,
     ) -> anyhow::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(wake.as_fd(), Token::Wake.event())?;
-        if let Some(prio) = s.rt_priority {
-            set_fifo(prio, &s.reporter);
+        if let Some(prio) = setup.rt_priority {
+            set_fifo(prio, &setup.reporter);
         }
         // perf inherits these across execve when we run with capabilities.
         caps::raise_ambient();
         Ok(Self {
-            s,
+            setup,
             events,
             epoll,
             rx,
@@ -259,7 +260,7 @@ impl Driver {
             logger: None,
             slots: Vec::new(),
             by_target: HashMap::new(),
-            done: HashMap::new(),
+            done: HashSet::new(),
             next_seq: 0,
             armed_at: None,
             stopping: None,
@@ -306,16 +307,19 @@ impl Driver {
     /// Starts `--pid` recorders and arms `--exe` triggers.
     fn start(&mut self) {
         let mut exe_triggers = false;
-        for i in 0..self.s.triggers.len() {
-            let (index, watch) = (self.s.triggers[i].index, self.s.triggers[i].watch.clone());
+        for i in 0..self.setup.triggers.len() {
+            let (index, watch) = (
+                self.setup.triggers[i].index,
+                self.setup.triggers[i].watch.clone(),
+            );
             match watch {
                 Watch::Pid(pid) => {
-                    let dir = self.s.triggers[i].out.clone();
+                    let dir = self.setup.triggers[i].out.clone();
                     if let Err(f) = self.start_recorder(index, pid, dir) {
-                        if self.s.single {
+                        if self.setup.single_pid_run {
                             self.fatal(f);
                         } else {
-                            self.s
+                            self.setup
                                 .reporter
                                 .warning(&format!("pid {pid}: {}", f.message));
                         }
@@ -329,9 +333,9 @@ impl Driver {
             return;
         }
         if exe_triggers {
-            for i in 0..self.s.triggers.len() {
-                if matches!(self.s.triggers[i].watch, Watch::Exe { .. }) {
-                    let plan = self.s.triggers[i].plan.clone();
+            for i in 0..self.setup.triggers.len() {
+                if matches!(self.setup.triggers[i].watch, Watch::Exe { .. }) {
+                    let plan = self.setup.triggers[i].plan.clone();
                     if let Err(f) = self.attach(&plan) {
                         self.fatal(f);
                         return;
@@ -358,14 +362,14 @@ impl Driver {
             }
             self.armed_now(None);
             for t in self
-                .s
+                .setup
                 .triggers
                 .iter()
                 .filter(|t| matches!(t.watch, Watch::Exe { .. }))
             {
                 let mut a = t.armed.clone();
-                a.time_to_armed_ms = ms(self.s.agent_started.elapsed());
-                self.s.reporter.armed(&a);
+                a.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
+                self.setup.reporter.armed(&a);
             }
             // Processes that run the executables already: one scan of /proc.
             for pid in all_pids() {
@@ -377,7 +381,7 @@ impl Driver {
     /// Waits for the loader thread; takes the ring buffer, the counters and
     /// (at -v) the log reader. False (and a fatal failure) if loading failed.
     fn load_probes(&mut self) -> bool {
-        let Some(loader) = self.s.loader.take() else {
+        let Some(loader) = self.setup.loader.take() else {
             return self.probes.is_some();
         };
         let loaded = loader
@@ -403,7 +407,7 @@ impl Driver {
                 return false;
             }
         }
-        if self.s.verbose {
+        if self.setup.verbose {
             self.logger = probes.take_logger();
             if let Some(l) = &self.logger {
                 let _ = self.epoll.add(l.as_fd(), Token::Logger.event());
@@ -436,7 +440,7 @@ impl Driver {
         if self.armed_at.is_none() {
             self.armed_at = Some(Instant::now());
             let _ = self.events.send(Event::Armed);
-            if self.s.reader_delay.is_none() {
+            if self.setup.reader_delay.is_none() {
                 self.watch_ring();
             }
         }
@@ -449,9 +453,9 @@ impl Driver {
             trigger,
             pid,
             dir,
-            &self.s.perf,
+            &self.setup.perf,
             policy,
-            self.s.reporter.clone(),
+            self.setup.reporter.clone(),
             self.counters.clone(),
         )?;
         let slot = self
@@ -473,7 +477,7 @@ impl Driver {
     }
 
     fn trigger(&self, index: u32) -> &TriggerSetup {
-        self.s
+        self.setup
             .triggers
             .iter()
             .find(|t| t.index == index)
@@ -490,7 +494,7 @@ impl Driver {
             return;
         };
         let matching: Vec<(u32, PathBuf)> = self
-            .s
+            .setup
             .triggers
             .iter()
             .filter_map(|t| match &t.watch {
@@ -499,25 +503,23 @@ impl Driver {
             })
             .collect();
         for (trigger, out) in matching {
-            if self.by_target.contains_key(&(trigger, pid))
-                || self.done.contains_key(&(trigger, pid))
-            {
+            if self.by_target.contains_key(&(trigger, pid)) || self.done.contains(&(trigger, pid)) {
                 continue;
             }
             // One limit for the whole agent, across its triggers: it bounds
             // the perf processes a host runs.
-            if self.by_target.len() >= self.s.max_targets {
+            if self.by_target.len() >= self.setup.max_targets {
                 self.extra += 1;
-                self.done.insert((trigger, pid), ());
-                self.s.reporter.warning(&format!(
+                self.done.insert((trigger, pid));
+                self.setup.reporter.warning(&format!(
                     "pid {pid} runs the traced executable, but all --max-targets {} recorders \
                      are busy; it is not recorded",
-                    self.s.max_targets
+                    self.setup.max_targets
                 ));
                 continue;
             }
             if let Err(f) = self.start_recorder(trigger, pid, out.join(pid.to_string())) {
-                self.s
+                self.setup
                     .reporter
                     .warning(&format!("pid {pid}: {}", f.message));
             }
@@ -533,7 +535,7 @@ impl Driver {
         self.stopping.is_some()
             || self.fatal.is_some()
             || !self
-                .s
+                .setup
                 .triggers
                 .iter()
                 .any(|t| matches!(t.watch, Watch::Exe { .. }))
@@ -546,7 +548,7 @@ impl Driver {
             next = next.min(r.next_deadline(now));
         }
         if !self.ring_watched
-            && let (Some(armed), Some(delay)) = (self.armed_at, self.s.reader_delay)
+            && let (Some(armed), Some(delay)) = (self.armed_at, self.setup.reader_delay)
         {
             next = next.min(armed + delay);
         }
@@ -560,7 +562,7 @@ impl Driver {
         let now = Now::read();
         if !self.ring_watched
             && let Some(armed) = self.armed_at
-            && now.at >= armed + self.s.reader_delay.unwrap_or_default()
+            && now.at >= armed + self.setup.reader_delay.unwrap_or_default()
         {
             self.watch_ring();
         }
@@ -643,7 +645,9 @@ impl Driver {
         }
         let t = self.trigger(trigger);
         if !matches!(t.watch, Watch::Pid(_)) {
-            self.s.reporter.target(pid, trigger, "started", &dir, None);
+            self.setup
+                .reporter
+                .target(pid, trigger, "started", &dir, None);
             return;
         }
         let plan = t.plan.clone();
@@ -665,8 +669,8 @@ impl Driver {
         armed.perf_pid = Some(perf_pid);
         armed.uprobes = self.probes.as_ref().map_or(0, |p| p.attached_for(trigger));
         armed.perf_ready_ms = ms(ready_after);
-        armed.time_to_armed_ms = ms(self.s.agent_started.elapsed());
-        self.s.reporter.armed(&armed);
+        armed.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
+        self.setup.reporter.armed(&armed);
         self.armed_now(Some(pid));
     }
 
@@ -720,7 +724,7 @@ impl Driver {
                         .map(|r| r.on_hit(ih.clone(), now))
                         .unwrap_or_default();
                     // Signal perf first; report after.
-                    self.s.reporter.hit(&ih);
+                    self.setup.reporter.hit(&ih);
                     if feedback.limit_reached {
                         self.limit_reached(slot);
                     }
@@ -800,7 +804,7 @@ impl Driver {
             }
             let outcome = r.finish(Now::read());
             if let Some(f) = &outcome.failure {
-                if outcome.reason == EndReason::DiskFull || self.s.single {
+                if outcome.reason == EndReason::DiskFull || self.setup.single_pid_run {
                     if self.fatal.is_none() {
                         self.fatal = Some(f.clone());
                     }
@@ -808,13 +812,13 @@ impl Driver {
                         self.stop_all(EndReason::DiskFull);
                     }
                 } else {
-                    self.s
+                    self.setup
                         .reporter
                         .warning(&format!("pid {pid}: {}", f.message));
                 }
             }
             if !is_pid {
-                self.s.reporter.target(
+                self.setup.reporter.target(
                     pid,
                     trigger,
                     "finished",
@@ -822,7 +826,7 @@ impl Driver {
                     Some(&outcome.reason.describe()),
                 );
                 if target::is_alive(pid) {
-                    self.done.insert((trigger, pid), ());
+                    self.done.insert((trigger, pid));
                 }
             }
             self.finished.push(outcome);
@@ -842,7 +846,7 @@ impl Driver {
                 return;
             };
             let (mut seen, mut accounted, mut accepted, mut lost) = (0, 0, 0, 0);
-            for t in &self.s.triggers {
+            for t in &self.setup.triggers {
                 let v = c.read(t.index);
                 seen += v.seen;
                 accounted += v.dropped.total() + v.accepted + c.open_calls(t.index);
@@ -863,7 +867,7 @@ impl Driver {
         let mut counters = CounterValues::default();
         let mut open_calls = 0;
         if let Some(c) = self.counters.get() {
-            for t in &self.s.triggers {
+            for t in &self.setup.triggers {
                 counters.add(&c.read(t.index));
                 open_calls += c.open_calls(t.index);
             }
@@ -876,7 +880,11 @@ impl Driver {
                 perf_cpu = Some(perf_cpu.unwrap_or_default() + c);
             }
         }
-        let single = self.s.single.then(|| self.finished.first()).flatten();
+        let single = self
+            .setup
+            .single_pid_run
+            .then(|| self.finished.first())
+            .flatten();
         let (reason, failure) = run_end(
             self.stopping.as_ref(),
             self.fatal.take(),
@@ -925,5 +933,24 @@ fn set_fifo(prio: i32, reporter: &Reporter) {
             "--rt-priority {prio}: sched_setscheduler failed ({}); the reader runs at normal priority",
             std::io::Error::last_os_error()
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_token_reads_back_as_itself() {
+        let mut tokens = vec![Token::Ring, Token::Execs, Token::Wake, Token::Logger];
+        for slot in [0, 1, 7, 1000] {
+            tokens.extend(RecorderFd::ALL.map(|fd| Token::Recorder(slot, fd)));
+        }
+        let mut seen = HashSet::new();
+        for t in tokens {
+            assert!(seen.insert(t.encode()), "{t:?} shares its number");
+            assert_eq!(Token::decode(t.encode()), Some(t));
+        }
+        assert_eq!(Token::decode(0), None);
     }
 }

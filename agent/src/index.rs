@@ -24,7 +24,7 @@ use std::{
 
 use serde::Serialize;
 
-use crate::{counters::CounterValues, error::Failure, trigger::Snapshot};
+use crate::{counters::CounterValues, error::Failure, snapshot::Snapshot};
 
 /// File name of the index inside the output directory.
 pub const INDEX_FILE: &str = "snapshots.jsonl";
@@ -268,7 +268,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trigger::SnapshotKind;
+    use crate::snapshot::SnapshotKind;
 
     #[test]
     fn output_dir_rules() {

@@ -6,7 +6,7 @@
 //! * [`driver`]: the data path: ring buffer → recorders, exec events;
 //! * [`recorder`]: one perf process, its state machine and index;
 //! * [`config`]: `--config` files;
-//! * [`trigger`]: the hit-to-snapshot state machine (pure);
+//! * [`snapshot`]: the hit-to-snapshot state machine (pure);
 //! * [`perf`]: spawning and driving `perf record`;
 //! * [`probe`]: loading and attaching the eBPF programs;
 //! * [`symbols`]: finding the trigger in the target's mapped objects;
@@ -35,9 +35,9 @@ mod probe;
 mod recorder;
 mod run;
 mod session;
+mod snapshot;
 mod symbols;
 mod target;
-mod trigger;
 mod version;
 
 use std::{sync::Arc, time::Instant};

@@ -18,8 +18,8 @@ use serde_json::json;
 use crate::{
     counters::CounterValues,
     error::Failure,
+    snapshot::{IndexedHit, Snapshot, SnapshotKind, Stats},
     symbols::insn::CostHint,
-    trigger::{IndexedHit, Snapshot, SnapshotKind, Stats},
 };
 
 /// Sent once both perf and the probe are ready.

@@ -29,8 +29,8 @@ use crate::{
     output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
     run::{EndReason, RecorderOutcome},
+    snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
     target,
-    trigger::{Action, IndexedHit, Policy, Snapshot, Trigger},
 };
 
 /// Between `stop` and SIGTERM, and between SIGTERM and SIGKILL (perf's own
@@ -251,7 +251,7 @@ pub struct Recorder {
     /// perf or the index hit a full file system (perf's messages say so, or
     /// a write failed with ENOSPC).
     disk_full: bool,
-    machine: Trigger,
+    machine: SnapshotMachine,
     index: Index,
     output: OutputDir,
     reporter: Arc<Reporter>,
@@ -308,7 +308,7 @@ impl Recorder {
             spawned,
             phase: Phase::Starting,
             disk_full: false,
-            machine: Trigger::new(policy),
+            machine: SnapshotMachine::new(policy),
             index,
             output,
             reporter,

@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Serialize;
 
-use crate::{counters::CounterValues, error::Failure, trigger::Stats};
+use crate::{counters::CounterValues, error::Failure, snapshot::Stats};
 
 /// Why a recorder (or the whole run) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -32,9 +32,9 @@ use crate::{
     perf::{self, PerfSpec},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
     run::EndReason,
+    snapshot::Policy,
     symbols::{self, Query, Resolution, insn},
     target,
-    trigger::Policy,
 };
 
 /// perf's sampling frequency unless told otherwise, Hz.
@@ -387,7 +387,7 @@ pub async fn run(
             max_targets: settings.max_targets as usize,
             agent_started: started,
             reporter: reporter.clone(),
-            single,
+            single_pid_run: single,
             verbose: args.verbose,
             rt_priority: args.rt_priority,
             reader_delay: args.debug_reader_delay,

@@ -176,7 +176,7 @@ enum Phase {
 
 /// The state machine for one perf recorder.
 #[derive(Debug)]
-pub struct Trigger {
+pub struct SnapshotMachine {
     policy: Policy,
     pending: Option<Pending>,
     /// Hits that arrived while stopping: they go into the tail.
@@ -186,7 +186,7 @@ pub struct Trigger {
     stats: Stats,
 }
 
-impl Trigger {
+impl SnapshotMachine {
     pub fn new(policy: Policy) -> Self {
         Self {
             policy,
@@ -337,7 +337,7 @@ impl Trigger {
         actions
     }
 
-    /// When [`Trigger::on_tick`] next has something to do, if ever.
+    /// When [`SnapshotMachine::on_tick`] next has something to do, if ever.
     pub fn next_deadline(&self) -> Option<u64> {
         match &self.pending {
             Some(p) if p.signalled_at.is_none() => Some(p.fire_at),
@@ -350,7 +350,7 @@ impl Trigger {
     }
 
     /// perf has exited and every file it left has been passed to
-    /// [`Trigger::on_dump`]. Returns how many hits never got a snapshot.
+    /// [`SnapshotMachine::on_dump`]. Returns how many hits never got a snapshot.
     pub fn on_perf_exit(&mut self) -> u64 {
         let pending = self.pending.take().map(|p| p.hits).unwrap_or_default();
         let late = std::mem::take(&mut self.late);
@@ -400,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_hit_switches_at_once_and_its_dump_indexes_it() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         assert_eq!(
             t.on_hit(hit(1, 100 * MS), 100 * MS + 150_000),
             [Action::Switch]
@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn after_perf_closes_a_file_on_its_own_no_signal_is_sent() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         // perf is ending (the target exited): it writes its last file.
         let a = t.on_dump("tail".into(), 10 * MS);
         assert_eq!(indexed(&a)[0].kind, SnapshotKind::Tail);
@@ -431,7 +431,7 @@ mod tests {
 
     #[test]
     fn hits_during_a_switch_are_merged_into_it() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         assert_eq!(t.on_hit(hit(1, 0), 0), [Action::Switch]);
         assert!(t.on_hit(hit(2, MS), MS).is_empty());
         assert!(t.on_hit(hit(3, MS), MS).is_empty());
@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn the_next_signal_waits_for_the_centisecond_gap() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         t.on_hit(hit(1, 0), 0);
         t.on_dump("a".into(), 50 * MS);
         // 3 ms after the Dump: too soon, so the signal waits.
@@ -463,7 +463,7 @@ mod tests {
 
     #[test]
     fn after_delays_the_signal() {
-        let mut t = Trigger::new(Policy {
+        let mut t = SnapshotMachine::new(Policy {
             after_ns: 20 * MS,
             ..Policy::default()
         });
@@ -477,7 +477,7 @@ mod tests {
 
     #[test]
     fn max_snapshots_ends_the_run_after_the_last_dump() {
-        let mut t = Trigger::new(Policy {
+        let mut t = SnapshotMachine::new(Policy {
             max_snapshots: Some(2),
             ..Policy::default()
         });
@@ -503,7 +503,7 @@ mod tests {
 
     #[test]
     fn a_stop_request_waits_for_the_switch_in_flight() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         t.on_hit(hit(1, 0), 0);
         assert!(t.on_stop_request(MS).is_empty());
         assert_eq!(t.next_deadline(), None);
@@ -516,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_stop_with_nothing_in_flight_is_immediate() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         assert_eq!(t.on_stop_request(5 * MS), [Action::Stop]);
         let a = t.on_dump("tail".into(), 6 * MS);
         assert_eq!(indexed(&a)[0].kind, SnapshotKind::Tail);
@@ -527,7 +527,7 @@ mod tests {
     fn a_dump_we_did_not_cause_is_the_tail_and_takes_waiting_hits() {
         // The target exited: perf closes its last file by itself while a hit
         // still waits for --after.
-        let mut t = Trigger::new(Policy {
+        let mut t = SnapshotMachine::new(Policy {
             after_ns: 50 * MS,
             ..Policy::default()
         });
@@ -543,7 +543,7 @@ mod tests {
 
     #[test]
     fn a_storm_of_merged_hits_is_counted_not_listed() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         for s in 1..=10_000 {
             t.on_hit(hit(s, s), s);
         }
@@ -557,7 +557,7 @@ mod tests {
 
     #[test]
     fn hits_perf_never_wrote_are_unsnapshotted() {
-        let mut t = Trigger::new(Policy::default());
+        let mut t = SnapshotMachine::new(Policy::default());
         t.on_hit(hit(1, 0), 0);
         t.on_hit(hit(2, 0), 0);
         let lost = t.on_perf_exit();
