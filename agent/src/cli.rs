@@ -4,6 +4,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
 
 const ABOUT: &str = "Profile the moment a function is called: every accepted call of \
 the trigger function makes `perf record` close its current snapshot file and start the next.";
@@ -72,17 +73,12 @@ pub enum Command {
 
 /// Options of a capture run (the default command).
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("what").required(true).args(["pid", "exe", "config"]))]
+#[command(
+    group = clap::ArgGroup::new("what").required(true).args(["pid", "exe", "config"]),
+    // --pid and --exe (in `TriggerOptions`) come first in --help.
+    next_display_order = 10
+)]
 pub struct RunArgs {
-    /// Process to trace (its thread-group id).
-    #[arg(long, short = 'p', value_name = "PID")]
-    pub pid: Option<i32>,
-
-    /// Trace every process, running now or started later, whose executable
-    /// is PATH: one perf per process, in OUT/<pid>/.
-    #[arg(long, value_name = "PATH", conflicts_with = "pid")]
-    pub exe: Option<PathBuf>,
-
     /// With --exe: at most N processes recorded at once, across all
     /// triggers; more are counted and reported. [default: 8]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -92,88 +88,11 @@ pub struct RunArgs {
     /// unit runs. Trigger options (--symbol, --when, --cooldown, ...) go in
     /// the file; run options given here (--output, --event, --freq, --keep,
     /// --perf, --max-targets, extra perf arguments) override the file's.
-    #[arg(
-        long,
-        value_name = "FILE",
-        conflicts_with_all = [
-            "pid", "exe", "symbol", "object", "offset", "address", "wait_for_symbol",
-            "cooldown", "when", "slower_than", "use_uretprobe", "every", "tids",
-            "max_rate", "after", "max_snapshots",
-        ]
-    )]
+    #[arg(long, value_name = "FILE", conflicts_with_all = trigger_option_ids())]
     pub config: Option<PathBuf>,
 
-    /// Trigger function: a plain, mangled or demangled name
-    /// (`handle`, `ns::Worker::handle(int)`, `my_crate::server::handle`).
-    #[arg(
-        long,
-        short = 's',
-        value_name = "NAME",
-        required_unless_present_any = ["address", "config"]
-    )]
-    pub symbol: Option<String>,
-
-    /// Search only this mapped object: a path, or a file name such as
-    /// `libsqlite3`.
-    #[arg(long, value_name = "PATH|NAME")]
-    pub object: Option<String>,
-
-    /// Probe this many bytes into the function; must be an instruction
-    /// boundary.
-    #[arg(long, value_name = "BYTES", value_parser = parse_u64)]
-    pub offset: Option<u64>,
-
-    /// Probe this virtual address in the target; must be an instruction
-    /// boundary inside a known function.
-    #[arg(long, value_name = "0xADDR", value_parser = parse_u64, conflicts_with = "offset")]
-    pub address: Option<u64>,
-
-    /// If the symbol is not mapped yet (a library still to be dlopen'ed),
-    /// poll the target's mappings for up to this long.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub wait_for_symbol: Option<Duration>,
-
-    /// Least time between two accepted hits. Hits sooner are counted and
-    /// dropped in the kernel. 0 disables it.
-    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
-    pub cooldown: Duration,
-
-    /// Accept only calls whose arguments satisfy EXPR, e.g. `arg0 == 42`,
-    /// `sarg1 < 0`, `arg2 & 0x4`. Repeatable; all must hold.
-    #[arg(long = "when", value_name = "EXPR")]
-    pub when: Vec<String>,
-
-    /// Trigger at the return of calls that lasted at least DURATION. The
-    /// returns are seen by uprobes on each `ret` instruction.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub slower_than: Option<Duration>,
-
-    /// With --slower-than: see returns with a uretprobe instead of probing
-    /// `ret` instructions. Breaks C++ exception unwinding through the
-    /// function; refused on Go binaries.
-    #[arg(long, requires = "slower_than")]
-    pub use_uretprobe: bool,
-
-    /// Accept one hit in N (after the tid, when and duration filters).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub every: Option<u64>,
-
-    /// Only hits in these threads (repeatable).
-    #[arg(long = "tid", value_name = "TID")]
-    pub tids: Vec<u32>,
-
-    /// Accept at most R hits per second (token bucket, burst 1), e.g. `10/s`.
-    #[arg(long, value_name = "R/s", value_parser = parse_rate)]
-    pub max_rate: Option<f64>,
-
-    /// After an accepted hit, wait this long before closing the snapshot, so
-    /// it also holds what the function did right after entry.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub after: Option<Duration>,
-
-    /// Stop after this many hit snapshots.
-    #[arg(long, value_name = "N")]
-    pub max_snapshots: Option<u64>,
+    #[command(flatten)]
+    pub trigger: TriggerOptions,
 
     /// Stop after this long.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -233,6 +152,126 @@ pub struct RunArgs {
     /// Extra arguments for `perf record`, after `--`.
     #[arg(last = true, value_name = "PERF_ARGS")]
     pub perf_args: Vec<String>,
+}
+
+/// Default of `--cooldown`, and of `cooldown` in a config file.
+pub const DEFAULT_COOLDOWN: &str = "100ms";
+
+/// One trigger's options, as written: on the command line (clap) and in a
+/// config file's `[[trigger]]` (serde), with the same names. Durations and
+/// rates stay text here (clap checks them as it parses); the session turns
+/// them into values, with one error message for both sources. The field
+/// order is the config file's; `display_order` keeps --help's.
+#[derive(Debug, Default, PartialEq, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerOptions {
+    /// Config file only: the trigger's output subdirectory.
+    #[arg(skip)]
+    pub name: Option<String>,
+
+    /// Process to trace (its thread-group id).
+    #[arg(long, short = 'p', value_name = "PID", display_order = 0)]
+    pub pid: Option<i32>,
+
+    /// Trace every process, running now or started later, whose executable
+    /// is PATH: one perf per process, in OUT/<pid>/.
+    #[arg(long, value_name = "PATH", conflicts_with = "pid", display_order = 1)]
+    pub exe: Option<PathBuf>,
+
+    /// Trigger function: a plain, mangled or demangled name
+    /// (`handle`, `ns::Worker::handle(int)`, `my_crate::server::handle`).
+    #[arg(
+        long,
+        short = 's',
+        value_name = "NAME",
+        required_unless_present_any = ["address", "config"]
+    )]
+    pub symbol: Option<String>,
+
+    /// Search only this mapped object: a path, or a file name such as
+    /// `libsqlite3`.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub object: Option<String>,
+
+    /// Probe this many bytes into the function; must be an instruction
+    /// boundary.
+    #[arg(long, value_name = "BYTES", value_parser = parse_u64)]
+    pub offset: Option<u64>,
+
+    /// Probe this virtual address in the target; must be an instruction
+    /// boundary inside a known function.
+    #[arg(long, value_name = "0xADDR", value_parser = parse_u64, conflicts_with = "offset")]
+    #[serde(skip)]
+    pub address: Option<u64>,
+
+    /// Least time between two accepted hits. Hits sooner are counted and
+    /// dropped in the kernel. 0 disables it.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_COOLDOWN, value_parser = duration_text)]
+    pub cooldown: Option<String>,
+
+    /// Accept only calls whose arguments satisfy EXPR, e.g. `arg0 == 42`,
+    /// `sarg1 < 0`, `arg2 & 0x4`. Repeatable; all must hold.
+    #[arg(long = "when", value_name = "EXPR")]
+    #[serde(default)]
+    pub when: Vec<String>,
+
+    /// Trigger at the return of calls that lasted at least DURATION. The
+    /// returns are seen by uprobes on each `ret` instruction.
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
+    pub slower_than: Option<String>,
+
+    /// With --slower-than: see returns with a uretprobe instead of probing
+    /// `ret` instructions. Breaks C++ exception unwinding through the
+    /// function; refused on Go binaries.
+    #[arg(long, requires = "slower_than")]
+    #[serde(default)]
+    pub use_uretprobe: bool,
+
+    /// Accept one hit in N (after the tid, when and duration filters).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub every: Option<u64>,
+
+    /// Only hits in these threads (repeatable).
+    #[arg(long = "tid", value_name = "TID")]
+    #[serde(default, rename = "tid")]
+    pub tids: Vec<u32>,
+
+    /// Accept at most R hits per second (token bucket, burst 1), e.g. `10/s`.
+    #[arg(long, value_name = "R/s", value_parser = rate_text)]
+    pub max_rate: Option<String>,
+
+    /// After an accepted hit, wait this long before closing the snapshot, so
+    /// it also holds what the function did right after entry.
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
+    pub after: Option<String>,
+
+    /// Stop after this many hit snapshots.
+    #[arg(long, value_name = "N")]
+    pub max_snapshots: Option<u64>,
+
+    /// If the symbol is not mapped yet (a library still to be dlopen'ed),
+    /// poll the target's mappings for up to this long.
+    // Listed after --address in --help (17 is --address's place).
+    #[arg(long, value_name = "DURATION", value_parser = duration_text, display_order = 17)]
+    pub wait_for_symbol: Option<String>,
+}
+
+/// Every trigger option's id: what `--config` conflicts with.
+fn trigger_option_ids() -> Vec<clap::Id> {
+    TriggerOptions::augment_args(clap::Command::new("trigger"))
+        .get_arguments()
+        .map(|a| a.get_id().clone())
+        .collect()
+}
+
+/// A duration option, checked and kept as written.
+fn duration_text(s: &str) -> Result<String, String> {
+    parse_duration(s).map(|_| s.to_string())
+}
+
+/// A rate option, checked and kept as written.
+fn rate_text(s: &str) -> Result<String, String> {
+    parse_rate(s).map(|_| s.to_string())
 }
 
 /// Options of `mt-agent symbols`.

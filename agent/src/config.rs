@@ -24,14 +24,11 @@
 //!
 //! Durations are strings (`"100ms"`); rates are strings (`"10/s"`).
 
-use std::{fs, path::PathBuf, time::Duration};
+use std::{fs, path::PathBuf};
 
 use serde::Deserialize;
 
-use crate::{
-    cli::{parse_duration, parse_rate},
-    error::Failure,
-};
+use crate::{cli::TriggerOptions, error::Failure};
 
 /// The whole file.
 #[derive(Debug, Deserialize, PartialEq)]
@@ -47,62 +44,9 @@ pub struct Config {
     pub keep: Option<u32>,
     #[serde(default)]
     pub perf_args: Vec<String>,
+    /// Each `[[trigger]]`: the command line's trigger options.
     #[serde(default, rename = "trigger")]
-    pub triggers: Vec<TriggerEntry>,
-}
-
-/// One `[[trigger]]`.
-#[derive(Debug, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct TriggerEntry {
-    pub name: Option<String>,
-    pub pid: Option<i32>,
-    pub exe: Option<PathBuf>,
-    pub symbol: Option<String>,
-    pub object: Option<String>,
-    pub offset: Option<u64>,
-    pub cooldown: Option<String>,
-    #[serde(default)]
-    pub when: Vec<String>,
-    pub slower_than: Option<String>,
-    #[serde(default)]
-    pub use_uretprobe: bool,
-    pub every: Option<u64>,
-    #[serde(default)]
-    pub tid: Vec<u32>,
-    pub max_rate: Option<String>,
-    pub after: Option<String>,
-    pub max_snapshots: Option<u64>,
-    pub wait_for_symbol: Option<String>,
-}
-
-impl TriggerEntry {
-    /// A duration field, checked.
-    pub fn duration(
-        &self,
-        field: &str,
-        value: &Option<String>,
-    ) -> Result<Option<Duration>, Failure> {
-        value
-            .as_deref()
-            .map(|v| parse_duration(v).map_err(|e| self.bad(field, &e)))
-            .transpose()
-    }
-
-    /// The `max_rate` field, in hits per second.
-    pub fn rate(&self) -> Result<Option<f64>, Failure> {
-        self.max_rate
-            .as_deref()
-            .map(|v| parse_rate(v).map_err(|e| self.bad("max_rate", &e)))
-            .transpose()
-    }
-
-    fn bad(&self, field: &str, why: &str) -> Failure {
-        Failure::usage(format!(
-            "trigger {}: bad {field}: {why}",
-            self.name.as_deref().unwrap_or("(unnamed)")
-        ))
-    }
+    pub triggers: Vec<TriggerOptions>,
 }
 
 /// Reads and checks a config file. Errors (exit code 2): unreadable, not
@@ -176,12 +120,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.triggers.len(), 2);
         assert_eq!(c.triggers[1].name.as_deref(), Some("trigger1"));
-        assert_eq!(
-            c.triggers[0]
-                .duration("cooldown", &c.triggers[0].cooldown)
-                .unwrap(),
-            Some(Duration::from_secs(1))
-        );
+        assert_eq!(c.triggers[0].cooldown.as_deref(), Some("1s"));
+        assert_eq!(c.triggers[0].when, ["arg0 == 1"]);
     }
 
     #[test]
@@ -196,15 +136,5 @@ mod tests {
         assert!(err("[[trigger]]\npid = 1").contains("symbol is required"));
         assert!(err("[[trigger]]\npid = 1\nsymbol = \"f\"\ncolor = 3").contains("unknown field"));
         assert!(err("[[trigger]]\nname=\"a\"\npid = 1\nsymbol = \"f\"\n[[trigger]]\nname=\"a\"\npid = 2\nsymbol = \"g\"").contains("named"));
-        let t = TriggerEntry {
-            cooldown: Some("soon".into()),
-            ..TriggerEntry::default()
-        };
-        assert!(
-            t.duration("cooldown", &t.cooldown)
-                .unwrap_err()
-                .message
-                .contains("bad cooldown")
-        );
     }
 }

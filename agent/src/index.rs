@@ -29,12 +29,6 @@ use crate::{counters::CounterValues, error::Failure, snapshot::Snapshot};
 /// File name of the index inside the output directory.
 pub const INDEX_FILE: &str = "snapshots.jsonl";
 
-/// The default output directory: `./mt-agent-<what>-<YYYYmmdd-HHMMSS>` in
-/// local time, where `what` is the pid or the executable's name.
-pub fn default_output_dir(what: &str) -> PathBuf {
-    PathBuf::from(format!("mt-agent-{what}-{}", local_timestamp()))
-}
-
 /// Local time as `YYYYmmdd-HHMMSS`.
 pub fn local_timestamp() -> String {
     // SAFETY: time(NULL) and localtime_r with valid pointers.

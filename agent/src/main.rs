@@ -31,6 +31,7 @@ mod index;
 mod list;
 mod output;
 mod perf;
+mod plan;
 mod probe;
 mod recorder;
 mod run;
