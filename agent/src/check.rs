@@ -193,7 +193,15 @@ fn bpf_and_uprobes(r: &mut Report) {
         );
         return;
     }
-    let mut probes = match Probes::load(LoadOptions {
+    let Some(probes) = load_programs(r) else {
+        return;
+    };
+    fire_selftest_uprobe(r, probes);
+}
+
+/// Loads the programs and maps, and says whether that worked.
+fn load_programs(r: &mut Report) -> Option<Probes> {
+    match Probes::load(LoadOptions {
         ring_bytes: 4096,
         verbose: false,
         returns: false,
@@ -205,13 +213,18 @@ fn bpf_and_uprobes(r: &mut Report) {
                 "BPF",
                 "programs and maps (ring buffer, per-CPU array, LRU hash) load and verify",
             );
-            p
+            Some(p)
         }
         Err(f) => {
             r.fail("BPF", f.message, "run as root or grant the capabilities above; check kernel.unprivileged_bpf_disabled is not the cause");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// Attaches a uprobe to [`mt_agent_selftest`] in this process, calls it
+/// three times and reads the kernel's hit counter.
+fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
     let me = std::process::id() as i32;
     let addr = mt_agent_selftest as *const () as u64;
     let offset = maps::read_objects(me).ok().and_then(|objs| {

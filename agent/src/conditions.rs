@@ -35,49 +35,84 @@ impl WhenError {
 
 /// Parses one `--when` expression.
 pub fn parse_when(expr: &str) -> Result<Cond, WhenError> {
+    let mut i = skip_ws(expr, 0);
+    let (arg, signed) = parse_argument(expr, &mut i)?;
+    i = skip_ws(expr, i);
+    let op = parse_operator(expr, &mut i)?;
+    i = skip_ws(expr, i);
+    // Constant.
+    let c_start = i;
     let b = expr.as_bytes();
-    let mut i = 0;
-    let skip_ws = |i: &mut usize| {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    skip_ws(&mut i);
-    // Argument.
-    let arg_start = i;
-    while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+    while i < b.len() && !b[i].is_ascii_whitespace() {
         i += 1;
     }
-    let word = &expr[arg_start..i];
+    let value = parse_constant(&expr[c_start..i], signed).map_err(|message| WhenError {
+        pos: c_start,
+        message,
+    })?;
+    i = skip_ws(expr, i);
+    if i < b.len() {
+        return Err(WhenError {
+            pos: i,
+            message: format!(
+                "unexpected `{}` after the constant; one comparison per --when (repeat it for AND)",
+                &expr[i..]
+            ),
+        });
+    }
+    Ok(Cond {
+        arg,
+        op: op as u8,
+        signed: u8::from(signed),
+        _pad: [0; 5],
+        value,
+    })
+}
+
+/// The position of the first non-blank byte of `expr` at or after `i`.
+fn skip_ws(expr: &str, mut i: usize) -> usize {
+    let b = expr.as_bytes();
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// `arg0`..`arg5` or `sarg0`..`sarg5` at `*i`: the index and whether it
+/// is signed. Moves `*i` past it.
+fn parse_argument(expr: &str, i: &mut usize) -> Result<(u8, bool), WhenError> {
+    let b = expr.as_bytes();
+    let arg_start = *i;
+    while *i < b.len() && (b[*i].is_ascii_alphanumeric() || b[*i] == b'_') {
+        *i += 1;
+    }
+    let word = &expr[arg_start..*i];
+    let unknown = || WhenError {
+        pos: arg_start,
+        message: format!("unknown argument `{word}`; use arg0..arg5, or sarg0..sarg5 for signed"),
+    };
     let (signed, num) = if let Some(n) = word.strip_prefix("sarg") {
         (true, n)
     } else if let Some(n) = word.strip_prefix("arg") {
         (false, n)
-    } else {
+    } else if word.is_empty() {
         return Err(WhenError {
             pos: arg_start,
-            message: if word.is_empty() {
-                "expected an argument such as arg0 or sarg1".into()
-            } else {
-                format!("unknown argument `{word}`; use arg0..arg5, or sarg0..sarg5 for signed")
-            },
+            message: "expected an argument such as arg0 or sarg1".into(),
         });
+    } else {
+        return Err(unknown());
     };
-    let arg: u8 = match num.parse() {
-        Ok(n) if n < 6 => n,
-        _ => {
-            return Err(WhenError {
-                pos: arg_start,
-                message: format!(
-                    "unknown argument `{word}`; use arg0..arg5, or sarg0..sarg5 for signed"
-                ),
-            });
-        }
-    };
-    skip_ws(&mut i);
-    // Operator.
-    let op_start = i;
-    let rest = &expr[i..];
+    match num.parse() {
+        Ok(n) if n < 6 => Ok((n, signed)),
+        _ => Err(unknown()),
+    }
+}
+
+/// The comparison operator at `*i`. Moves `*i` past it.
+fn parse_operator(expr: &str, i: &mut usize) -> Result<CondOp, WhenError> {
+    let op_start = *i;
+    let rest = &expr[*i..];
     let (op, len) = [
         ("==", CondOp::Eq),
         ("!=", CondOp::Ne),
@@ -99,7 +134,7 @@ pub fn parse_when(expr: &str) -> Result<Cond, WhenError> {
                 .unwrap_or("end of expression")
         ),
     })?;
-    i += len;
+    *i += len;
     if rest.starts_with("&&")
         || rest.starts_with("===")
         || rest.starts_with("=>")
@@ -110,34 +145,7 @@ pub fn parse_when(expr: &str) -> Result<Cond, WhenError> {
             message: "bad operator; use one of == != < <= > >= & (repeat --when for AND)".into(),
         });
     }
-    skip_ws(&mut i);
-    // Constant.
-    let c_start = i;
-    while i < b.len() && !b[i].is_ascii_whitespace() {
-        i += 1;
-    }
-    let text = &expr[c_start..i];
-    let value = parse_constant(text, signed).map_err(|message| WhenError {
-        pos: c_start,
-        message,
-    })?;
-    skip_ws(&mut i);
-    if i < b.len() {
-        return Err(WhenError {
-            pos: i,
-            message: format!(
-                "unexpected `{}` after the constant; one comparison per --when (repeat it for AND)",
-                &expr[i..]
-            ),
-        });
-    }
-    Ok(Cond {
-        arg,
-        op: op as u8,
-        signed: u8::from(signed),
-        _pad: [0; 5],
-        value,
-    })
+    Ok(op)
 }
 
 fn parse_constant(text: &str, signed: bool) -> Result<u64, String> {
