@@ -1,12 +1,19 @@
 //! mt-agent: profile the moment a function is called.
 //!
-//! Modules, one concern each:
-//! * [`cli`]: options and their parsing;
+//! Modules, one concern each (no import circle: main → session → driver
+//! → recorder → {snapshot, perf, index}, with output beside them):
+//! * [`cli`]: options and their parsing, one trigger's options for both the
+//!   command line and `--config`;
+//! * [`config`]: `--config` files;
+//! * [`plan`]: a run's plan, checked without system access;
 //! * [`session`]: a capture run's setup and lifecycle (main thread, tokio);
 //! * [`driver`]: the data path: ring buffer → recorders, exec events;
 //! * [`recorder`]: one perf process, its state machine and index;
-//! * [`config`]: `--config` files;
+//! * [`end`]: how a recorder and a run end (pure);
+//! * [`run`]: end reasons and outcomes, shared by driver, recorder, output;
 //! * [`snapshot`]: the hit-to-snapshot state machine (pure);
+//! * [`clock`]: CLOCK_MONOTONIC;
+//! * [`counters`]: the kernel's counters and the table of drop reasons;
 //! * [`perf`]: spawning and driving `perf record`;
 //! * [`probe`]: loading and attaching the eBPF programs;
 //! * [`symbols`]: finding the trigger in the target's mapped objects;
