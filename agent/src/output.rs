@@ -397,6 +397,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_snapshot_event_is_the_snapshot_record_with_its_process_and_number() {
+        let snapshot = Snapshot {
+            kind: SnapshotKind::Tail,
+            file: "perf.data.1".into(),
+            bytes: 812,
+            hits: vec![],
+            hit_to_kill_ns: None,
+            unlisted_hits: 0,
+        };
+        let event = SnapshotEvent {
+            pid: 42,
+            n: 3,
+            snapshot: &snapshot,
+        };
+        assert_eq!(
+            serde_json::to_string(&event).unwrap(),
+            r#"{"pid":42,"n":3,"kind":"tail","file":"perf.data.1","bytes":812,"hits":[]}"#
+        );
+    }
+
+    #[test]
     fn human_units() {
         assert_eq!(human_ns(153_000), "153 µs");
         assert_eq!(human_ns(1_200_000), "1.2 ms");
