@@ -12,7 +12,7 @@
 //! * [`end`]: how a recorder and a run end (pure);
 //! * [`run`]: end reasons and outcomes, shared by driver, recorder, output;
 //! * [`snapshot`]: the hit-to-snapshot state machine (pure);
-//! * [`clock`]: CLOCK_MONOTONIC;
+//! * [`clock`]: reading CLOCK_MONOTONIC;
 //! * [`counters`]: the kernel's counters and the table of drop reasons;
 //! * [`perf`]: spawning and driving `perf record`;
 //! * [`probe`]: loading and attaching the eBPF programs;
