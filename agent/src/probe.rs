@@ -407,3 +407,6 @@ impl Counters {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod kernel_tests;
