@@ -258,7 +258,11 @@ fn cooldown_of_an_hour_accepts_only_the_first_call() {
         call(mt_kernel_test_first, i, 0, 0);
     }
     let c = t.counts(0);
-    assert_eq!((c.seen, c.accepted, c.dropped.cooldown), (50, 1, 49), "{c:?}");
+    assert_eq!(
+        (c.seen, c.accepted, c.dropped.cooldown),
+        (50, 1, 49),
+        "{c:?}"
+    );
     let hits = t.hits();
     assert_eq!(hits.len(), 1);
     assert_eq!(hits[0].args[0], 0, "the first call is the one accepted");
@@ -374,7 +378,11 @@ fn a_full_ring_buffer_counts_the_accepted_hits_it_lost() {
     assert!(c.lost > 0 && !hits.is_empty(), "{c:?}, {} read", hits.len());
     assert_balanced(&c, hits.len());
     let got: Vec<u64> = hits.iter().map(|h| h.args[0]).collect();
-    assert_eq!(got, (0..hits.len() as u64).collect::<Vec<_>>(), "the first ones fit");
+    assert_eq!(
+        got,
+        (0..hits.len() as u64).collect::<Vec<_>>(),
+        "the first ones fit"
+    );
 }
 
 #[test]
@@ -399,7 +407,10 @@ fn each_trigger_has_its_own_settings_and_counters() {
         call(mt_kernel_test_second, i, 1, 0);
     }
     let (first, second) = (t.counts(0), t.counts(1));
-    assert_eq!((first.seen, first.accepted, first.dropped.every), (20, 10, 10));
+    assert_eq!(
+        (first.seen, first.accepted, first.dropped.every),
+        (20, 10, 10)
+    );
     assert_eq!(
         second,
         CounterValues {
