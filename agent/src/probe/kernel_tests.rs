@@ -141,6 +141,19 @@ impl Traced {
     }
 }
 
+/// This process's fds for BPF objects and perf events (uprobe links), as
+/// `/proc/self/fd` names them: `anon_inode:bpf-prog`, `anon_inode:bpf-map`,
+/// `anon_inode:bpf_link`, `anon_inode:[perf_event]`.
+fn bpf_fds() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|t| t.contains("bpf") || t.contains("perf_event"))
+        .collect()
+}
+
 fn own_tid() -> u32 {
     nix::unistd::gettid().as_raw() as u32
 }
@@ -440,4 +453,17 @@ fn a_detached_trigger_sees_no_more_calls() {
     let c = t.counts(0);
     assert_eq!((c.seen, c.accepted), (5, 5), "{c:?}");
     assert_eq!(t.hits().len(), 5);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn dropping_the_probes_closes_every_bpf_and_perf_fd() {
+    let _one = serial();
+    let before = bpf_fds();
+    let t = Traced::one(mt_kernel_test_first, Filters::default());
+    call(mt_kernel_test_first, 1, 2, 3);
+    assert_eq!(t.counts(0).accepted, 1);
+    assert!(bpf_fds().len() > before.len(), "{:?}", bpf_fds());
+    drop(t);
+    assert_eq!(bpf_fds(), before, "left open after drop");
 }
