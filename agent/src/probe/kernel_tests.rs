@@ -20,10 +20,10 @@ use std::{
     time::Duration,
 };
 
-use agent_common::{DEFAULT_RING_BYTES, Hit};
+use agent_common::{DEFAULT_RING_BYTES, HIT_AT_RETURN, Hit};
 use aya::maps::{MapData, RingBuf};
 
-use super::{AttachPlan, CounterValues, Counters, Dropped, LoadOptions, Probes};
+use super::{AttachPlan, CounterValues, Counters, Dropped, LoadOptions, Probes, Returns};
 use crate::{
     conditions::{Filters, trigger_config},
     symbols::maps::parse_maps,
@@ -44,6 +44,17 @@ pub extern "C" fn mt_kernel_test_first(a0: u64, a1: u64, a2: u64) -> u64 {
 #[inline(never)]
 pub extern "C" fn mt_kernel_test_second(a0: u64, a1: u64, a2: u64) -> u64 {
     black_box(a0).wrapping_mul(black_box(a1)) | black_box(a2)
+}
+
+/// A probed function whose calls last at least `ms` milliseconds (the
+/// workload of the `--slower-than` test); returns `2 * tag`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn mt_kernel_test_timed(ms: u64, tag: u64, _unused: u64) -> u64 {
+    if black_box(ms) > 0 {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    black_box(tag).wrapping_mul(2)
 }
 
 type Probed = extern "C" fn(u64, u64, u64) -> u64;
@@ -83,10 +94,12 @@ impl Traced {
     /// Loads the eBPF object, then configures and attaches one trigger per
     /// `(function, filters)`, trigger `i` for the `i`th. Panics (never
     /// skips) when the kernel refuses.
-    fn new(triggers: &[(Probed, Filters)], ring_bytes: u32) -> Self {
+    /// With `uretprobe`, each trigger also gets a uretprobe
+    /// (`--use-uretprobe`), for `--slower-than`.
+    fn new(triggers: &[(Probed, Filters)], ring_bytes: u32, uretprobe: bool) -> Self {
         let mut probes = Probes::load(LoadOptions {
             returns: false,
-            uretprobe: false,
+            uretprobe,
             ring_bytes,
             verbose: false,
             single_trigger: (triggers.len() == 1).then_some(0),
@@ -105,10 +118,10 @@ impl Traced {
                     path,
                     pid: Some(std::process::id() as i32),
                     entry_offset,
-                    returns: None,
+                    returns: uretprobe.then_some(Returns::Uretprobe),
                 })
                 .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
-            assert_eq!(probes.attached_for(trigger), 1);
+            assert_eq!(probes.attached_for(trigger), 1 + usize::from(uretprobe));
         }
         let counters = probes.take_counters().expect("COUNTERS map");
         let ring = probes.take_ring().expect("HITS ring buffer");
@@ -121,7 +134,7 @@ impl Traced {
 
     /// One trigger on `f` with the default ring buffer.
     fn one(f: Probed, filters: Filters) -> Self {
-        Self::new(&[(f, filters)], DEFAULT_RING_BYTES)
+        Self::new(&[(f, filters)], DEFAULT_RING_BYTES, false)
     }
 
     fn counts(&self, trigger: u32) -> CounterValues {
@@ -381,7 +394,7 @@ fn tid_keeps_only_the_calls_of_the_listed_thread() {
 fn a_full_ring_buffer_counts_the_accepted_hits_it_lost() {
     let _one = serial();
     // One page holds about 39 records of 104 bytes (header included).
-    let mut t = Traced::new(&[(mt_kernel_test_first, Filters::default())], 4096);
+    let mut t = Traced::new(&[(mt_kernel_test_first, Filters::default())], 4096, false);
     for i in 0..100 {
         call(mt_kernel_test_first, i, 0, 0);
     }
@@ -412,6 +425,7 @@ fn each_trigger_has_its_own_settings_and_counters() {
             (mt_kernel_test_second, Filters::default()),
         ],
         DEFAULT_RING_BYTES,
+        false,
     );
     for i in 0..20 {
         call(mt_kernel_test_first, i, 1, 0);
@@ -466,4 +480,50 @@ fn dropping_the_probes_closes_every_bpf_and_perf_fd() {
     assert!(bpf_fds().len() > before.len(), "{:?}", bpf_fds());
     drop(t);
     assert_eq!(bpf_fds(), before, "left open after drop");
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn slower_than_accepts_the_slow_calls_at_their_return() {
+    let _one = serial();
+    let threshold = Duration::from_millis(100);
+    let mut t = Traced::new(
+        &[(
+            mt_kernel_test_timed,
+            Filters {
+                slower_than: Some(threshold),
+                cooldown: Duration::ZERO,
+                ..Default::default()
+            },
+        )],
+        DEFAULT_RING_BYTES,
+        true,
+    );
+    // Tags 0..10 return at once; tags 10..13 last at least 150 ms each.
+    for tag in 0..10 {
+        call(mt_kernel_test_timed, 0, tag, 0);
+    }
+    for tag in 10..13 {
+        call(mt_kernel_test_timed, 150, tag, 0);
+    }
+    let c = t.counts(0);
+    let hits = t.hits();
+    assert_balanced(&c, hits.len());
+    assert_eq!(t.counters.open_calls(0), 0, "every call returned");
+    assert_eq!(c.seen, 13, "{c:?}");
+    // A fast call counts as slow only if this thread was descheduled for
+    // 100 ms inside it; whichever way, each accepted hit is a call that
+    // lasted at least the threshold, and every slow call is accepted.
+    assert_eq!(c.accepted + c.dropped.duration, 13, "{c:?}");
+    let slow: Vec<u64> = hits
+        .iter()
+        .map(|h| h.args[1])
+        .filter(|&tag| tag >= 10)
+        .collect();
+    assert_eq!(slow, [10, 11, 12], "{hits:?}");
+    for h in &hits {
+        assert!(h.duration_ns >= threshold.as_nanos() as u64, "{h:?}");
+        assert_eq!(h.flags & HIT_AT_RETURN, HIT_AT_RETURN, "{h:?}");
+        assert_eq!(h.retval, 2 * h.args[1], "the return value (RAX): {h:?}");
+    }
 }
