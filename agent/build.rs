@@ -4,7 +4,7 @@
 //! This is our own build step rather than `aya_build::build_ebpf`, because
 //! aya-build 0.2.0 overwrites `CARGO_ENCODED_RUSTFLAGS` and so cannot pass
 //! `-C target-cpu=v3`, which the programs need for BPF compare-exchange and
-//! fetch-add (see `shared/docs/ebpf-build.md`). Otherwise it does the same:
+//! fetch-add (see `docs/ebpf-build.md`). Otherwise it does the same:
 //! `cargo +nightly build -Z build-std=core --target bpfel-unknown-none
 //! --release` into a target directory of its own (cargo would deadlock on the
 //! outer build's lock).

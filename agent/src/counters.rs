@@ -74,6 +74,28 @@ impl CounterValues {
 pub struct Dropped(pub [u64; DROP_REASONS.len()]);
 
 impl Dropped {
+    /// The count for one reason, by its JSON field name (0 for an unknown
+    /// name).
+    pub fn get(&self, field: &str) -> u64 {
+        DROP_REASONS
+            .iter()
+            .position(|r| r.field == field)
+            .map_or(0, |i| self.0[i])
+    }
+
+    /// Counts given by JSON field name; the others are 0.
+    pub fn from_fields(fields: &[(&str, u64)]) -> Self {
+        let mut d = Self::default();
+        for (field, n) in fields {
+            let i = DROP_REASONS
+                .iter()
+                .position(|r| r.field == *field)
+                .unwrap_or_else(|| panic!("no drop reason {field}"));
+            d.0[i] = *n;
+        }
+        d
+    }
+
     /// All drops.
     pub fn total(&self) -> u64 {
         self.0.iter().sum()

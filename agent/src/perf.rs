@@ -1,7 +1,7 @@
 //! Spawning and driving `perf record --switch-output=signal`.
 //!
 //! Facts used here come from perf's `tools/perf/builtin-record.c` (Linux 6.1)
-//! and from `shared/docs/perf-switch-output.md`:
+//! and from `docs/perf-switch-output.md`:
 //! * Until perf installs its SIGUSR2 handler, SIGUSR2 kills it. We spawn it
 //!   with SIGUSR2 ignored (SIG_IGN survives `execve`; perf's own `signal()`
 //!   call replaces it later).
@@ -474,7 +474,7 @@ impl Drop for PerfProcess {
 
 /// Detects a perf that keeps a core busy: over a sliding window (2 s), the
 /// CPU time perf used divided by the wall time passed. perf 6.1 can spin at
-/// 100% when threads of a `-p` target exit (shared/docs/perf-switch-output.md).
+/// 100% when threads of a `-p` target exit (docs/perf-switch-output.md).
 #[derive(Debug)]
 pub struct SpinDetector {
     window: Duration,

@@ -300,3 +300,6 @@ fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &
     }
     Failure::runtime(format!("{doing}: {}", detail.join(": ")))
 }
+
+#[cfg(test)]
+mod kernel_tests;

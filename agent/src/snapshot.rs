@@ -1,7 +1,7 @@
 //! The hit-to-snapshot state machine. Pure: it takes events with their
 //! CLOCK_MONOTONIC time in ns and returns the actions the I/O layer must take.
 //!
-//! Rules (from `shared/docs/perf-switch-output.md`):
+//! Rules (from `docs/perf-switch-output.md`):
 //! * One switch in flight. An accepted hit starts a switch: SIGUSR2 to perf
 //!   (then `ping` on its control fd, which the I/O layer does). Hits that
 //!   arrive before perf's `Dump` line for that switch are merged into the

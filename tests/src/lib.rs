@@ -178,6 +178,22 @@ impl Proc {
         }
     }
 
+    /// Waits until `n` stdout lines satisfy `pred`; false if the child
+    /// exits or `timeout` passes first.
+    pub fn wait_lines(&mut self, timeout: Duration, n: usize, pred: impl Fn(&str) -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            if self.stdout().iter().filter(|l| pred(l)).count() >= n {
+                return true;
+            }
+            if Instant::now() > end || self.try_status().is_some() {
+                thread::sleep(Duration::from_millis(50));
+                return self.stdout().iter().filter(|l| pred(l)).count() >= n;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Writes a line to the child's stdin.
     pub fn send(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin");
@@ -436,6 +452,21 @@ impl Agent {
         self.perf_pid = parse_perf_pid(&line);
     }
 
+    /// Waits for the `n`th `hit` snapshot event (`--json`); panics with the
+    /// agent's output if it does not come within 30 s.
+    pub fn wait_hit_snapshots(&mut self, n: usize) {
+        let done = self.proc.wait_lines(Duration::from_secs(30), n, |l| {
+            l.contains("\"event\":\"snapshot\"") && l.contains("\"kind\":\"hit\"")
+        });
+        assert!(
+            done,
+            "no {n} hit snapshots; exit {:?}\nstdout: {:?}\nstderr: {:?}",
+            self.proc.try_status(),
+            self.proc.stdout(),
+            self.proc.stderr()
+        );
+    }
+
     /// Waits for the agent to exit, then checks that nothing is left
     /// behind: no program of ours loaded, no perf process of this run.
     pub fn finish(self, timeout: Duration) -> Run {
@@ -688,5 +719,59 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// A copy of the agent that the user `nobody` can execute, and a work
+/// directory it can write in; both are removed on drop.
+pub struct AsNobody {
+    _bin_dir: TempDir,
+    bin: PathBuf,
+    work: TempDir,
+}
+
+impl AsNobody {
+    pub fn new() -> AsNobody {
+        use std::os::unix::fs::PermissionsExt;
+        let bin_dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = bin_dir.path().join("mt-agent");
+        fs::copy(agent_bin(), &bin).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs::set_permissions(work.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        AsNobody {
+            _bin_dir: bin_dir,
+            bin,
+            work,
+        }
+    }
+
+    /// An output directory (not created) inside the work directory.
+    pub fn out(&self) -> PathBuf {
+        self.work.path().join("out")
+    }
+
+    /// `setpriv` running the copy as `nobody:nogroup` with `args`. `caps`
+    /// (such as `["sys_admin", "sys_ptrace"]`) become inheritable and
+    /// ambient, so perf gets them too; with none, every capability is gone.
+    pub fn command(&self, caps: &[&str], args: &[&str]) -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]);
+        let plus: Vec<String> = caps.iter().map(|c| format!("+{c}")).collect();
+        if plus.is_empty() {
+            cmd.arg("--inh-caps=-all");
+        } else {
+            cmd.arg(format!("--inh-caps=-all,{}", plus.join(",")));
+            cmd.arg(format!("--ambient-caps={}", plus.join(",")));
+        }
+        cmd.arg("--").arg(&self.bin).args(args);
+        cmd
+    }
+}
+
+impl Default for AsNobody {
+    fn default() -> Self {
+        Self::new()
     }
 }

@@ -2,7 +2,7 @@
 //! nothing behind: no output directory, no perf process, no loaded program.
 //! Privileged.
 
-use std::{fs, os::unix::fs::PermissionsExt, process::Command, time::Duration};
+use std::{fs, time::Duration};
 
 use mt_agent_tests::*;
 
@@ -106,26 +106,13 @@ fn an_output_directory_that_is_not_empty_is_refused() {
 fn missing_privileges_name_what_is_needed() {
     let t = Target::start(&target_path("target"), &["wait"]);
     let pid = t.pid().to_string();
-    // A copy of the binary that `nobody` can execute.
-    let bin_dir = tempfile::tempdir().unwrap();
-    fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = bin_dir.path().join("mt-agent");
-    fs::copy(agent_bin(), &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-    let work = tempfile::tempdir().unwrap();
-    fs::set_permissions(work.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let out = work.path().join("out");
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--reuid=nobody",
-        "--regid=nogroup",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--",
-    ])
-    .arg(&bin)
-    .args(["--pid", &pid, "--symbol", "trigger", "--output"])
-    .arg(&out);
+    let nobody = AsNobody::new();
+    let out = nobody.out();
+    let out_arg = out.display().to_string();
+    let cmd = nobody.command(
+        &[],
+        &["--pid", &pid, "--symbol", "trigger", "--output", &out_arg],
+    );
     let mut p = Proc::spawn(cmd);
     let status = p.wait(Duration::from_secs(30)).expect("agent exits");
     let stderr = p.stderr().join("\n");

@@ -1,4 +1,4 @@
-//! The fault matrix: whatever happens, the agent exits with its documented
+//! Faults: whatever happens, the agent exits with its documented
 //! code and one line, the index is valid and lists every completed snapshot,
 //! no perf process or program of ours is left, and the target lives on
 //! (unless the case kills it). Privileged.
@@ -62,7 +62,7 @@ fn wait_snapshots(agent: &mut Agent, n: usize) {
 }
 
 #[test]
-fn f01_perf_killed_mid_run() {
+fn perf_killed_mid_run_is_exit_4_and_keeps_the_snapshots() {
     let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
     wait_snapshots(&mut agent, 2);
     let perf = agent.perf_pid.expect("perf pid");
@@ -70,7 +70,7 @@ fn f01_perf_killed_mid_run() {
     // SAFETY: plain kill(2) of the perf the agent started.
     unsafe { libc::kill(perf, libc::SIGKILL) };
     let run = agent.finish(FINISH);
-    report("1 perf SIGKILL", &run, at);
+    report("perf SIGKILL", &run, at);
     assert_eq!(run.code, Some(4), "{}", run.output());
     assert!(
         error_line(&run).contains("perf ended unexpectedly (signal 9"),
@@ -83,7 +83,7 @@ fn f01_perf_killed_mid_run() {
 }
 
 #[test]
-fn f02_perf_rejects_a_bad_event() {
+fn perf_rejecting_its_event_is_exit_2_and_leaves_no_output() {
     let t = Target::start(&target_path("target"), &["wait"]);
     let pid = t.pid().to_string();
     let at = Instant::now();
@@ -96,7 +96,7 @@ fn f02_perf_rejects_a_bad_event() {
         "no-such-event",
     ])
     .finish(FINISH);
-    report("2 perf bad --event", &run, at);
+    report("perf bad --event", &run, at);
     assert_eq!(run.code, Some(2), "{}", run.output());
     assert!(
         error_line(&run).contains("perf rejected its arguments"),
@@ -119,30 +119,13 @@ fn f02_perf_rejects_a_bad_event() {
 }
 
 #[test]
-fn f03_target_exits_normally() {
-    let (mut t, agent) = armed(&["calls", "3", "200"], &["--symbol", "trigger"]);
-    t.wait(Duration::from_secs(10));
-    let at = Instant::now();
-    let run = agent.finish(FINISH);
-    report("3 target exits", &run, at);
-    assert_eq!(run.code, Some(0), "{}", run.output());
-    assert!(
-        run.stdout.iter().any(|l| l.contains("the target exited")),
-        "{}",
-        run.output()
-    );
-    assert_eq!(run.index.last().unwrap()["kind"], "tail");
-    run.assert_index_consistent();
-}
-
-#[test]
-fn f04_target_killed() {
+fn a_killed_target_ends_the_run_cleanly() {
     let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
     wait_snapshots(&mut agent, 2);
     let at = Instant::now();
     t.proc.signal(libc::SIGKILL);
     let run = agent.finish(FINISH);
-    report("4 target SIGKILL", &run, at);
+    report("target SIGKILL", &run, at);
     assert_eq!(run.code, Some(0), "{}", run.output());
     assert!(
         run.stdout.iter().any(|l| l.contains("the target exited")),
@@ -153,7 +136,7 @@ fn f04_target_killed() {
 }
 
 #[test]
-fn f05_signals_are_clean_ends() {
+fn sigint_sigterm_and_sighup_are_clean_ends() {
     for (sig, name) in [
         (libc::SIGINT, "SIGINT"),
         (libc::SIGTERM, "SIGTERM"),
@@ -164,7 +147,7 @@ fn f05_signals_are_clean_ends() {
         let at = Instant::now();
         agent.proc.signal(sig);
         let run = agent.finish(FINISH);
-        report(&format!("5 agent {name}"), &run, at);
+        report(&format!("agent {name}"), &run, at);
         assert_eq!(run.code, Some(0), "{name}\n{}", run.output());
         assert!(
             run.stdout
@@ -180,7 +163,7 @@ fn f05_signals_are_clean_ends() {
 }
 
 #[test]
-fn f06_agent_killed() {
+fn a_killed_agent_leaves_no_program_and_perf_finishes() {
     let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
     wait_snapshots(&mut agent, 2);
     let perf = agent.perf_pid.expect("perf pid");
@@ -198,7 +181,7 @@ fn f06_agent_killed() {
     }
     assert!(!alive(perf), "perf {perf} lives on after the agent died");
     eprintln!(
-        "FAULT 6 agent SIGKILL: programs gone in {} ms, perf gone in {} ms",
+        "FAULT agent SIGKILL: programs gone in {} ms, perf gone in {} ms",
         unloaded.as_millis(),
         at.elapsed().as_millis()
     );
@@ -227,7 +210,7 @@ fn f06_agent_killed() {
 }
 
 #[test]
-fn f07_disk_full() {
+fn a_full_disk_is_exit_4_and_keeps_the_completed_snapshots() {
     let fs_ = Tmpfs::new("size=1m");
     let out = fs_.0.path().join("out").display().to_string();
     let mut t = Target::start(&target_path("target"), &["storm", "30"]);
@@ -248,7 +231,7 @@ fn f07_disk_full() {
     let at = Instant::now();
     t.go();
     let run = agent.finish(FINISH);
-    report("7 disk full", &run, at);
+    report("disk full", &run, at);
     assert_eq!(run.code, Some(4), "{}", run.output());
     assert!(
         error_line(&run).contains("file system is full"),
@@ -279,7 +262,7 @@ fn f07_disk_full() {
         .filter(|f| !listed.contains(&f.as_str()))
         .collect();
     eprintln!(
-        "FAULT 7: {} files on disk, {} unlisted",
+        "FAULT disk full: {} files on disk, {} unlisted",
         on_disk.len(),
         unlisted.len()
     );
@@ -294,7 +277,7 @@ fn f07_disk_full() {
 }
 
 #[test]
-fn f08_read_only_output_and_planted_symlinks() {
+fn read_only_output_and_planted_symlinks_are_refused() {
     let t = Target::start(&target_path("target"), &["wait"]);
     let pid = t.pid().to_string();
     let ro = Tmpfs::new("ro,size=1m");
@@ -302,7 +285,7 @@ fn f08_read_only_output_and_planted_symlinks() {
     let at = Instant::now();
     let run =
         Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &out]).finish(FINISH);
-    report("8 read-only output", &run, at);
+    report("read-only output", &run, at);
     assert_eq!(run.code, Some(2), "{}", run.output());
     assert!(error_line(&run).contains("cannot create output directory"));
 
@@ -322,7 +305,7 @@ fn f08_read_only_output_and_planted_symlinks() {
 }
 
 #[test]
-fn f09_two_agents_on_one_target() {
+fn two_agents_on_one_target_each_get_every_snapshot() {
     let mut t = Target::start(&target_path("target"), &["calls", "5", "300"]);
     let pid = t.pid().to_string();
     let mut a = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
@@ -339,11 +322,11 @@ fn f09_two_agents_on_one_target() {
         assert_eq!(run.entries("hit").len(), 5, "{}", run.output());
         run.assert_index_consistent();
     }
-    eprintln!("FAULT 9 two agents: both exit 0 with 5 hit snapshots each");
+    eprintln!("FAULT two agents: both exit 0 with 5 hit snapshots each");
 }
 
 #[test]
-fn f10_ring_buffer_overflow_is_counted_exactly() {
+fn ring_buffer_overflow_is_counted_exactly() {
     let (mut t, agent) = armed(
         &["storm", "2"],
         &[
@@ -361,7 +344,7 @@ fn f10_ring_buffer_overflow_is_counted_exactly() {
     t.wait(Duration::from_secs(30));
     let at = Instant::now();
     let run = agent.finish(FINISH);
-    report("10 ring-buffer overflow", &run, at);
+    report("ring-buffer overflow", &run, at);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let s = run.summary().unwrap();
     let c = &s["counters"];
@@ -375,19 +358,19 @@ fn f10_ring_buffer_overflow_is_counted_exactly() {
         "{s}"
     );
     eprintln!(
-        "FAULT 10 counts: seen {} accepted {} delivered {} lost {}",
+        "FAULT ring-buffer overflow: seen {} accepted {} delivered {} lost {}",
         c["seen"], c["accepted"], s["stats"]["delivered"], c["lost"]
     );
     run.assert_index_consistent();
 }
 
 #[test]
-fn f11_thread_churn_does_not_hang() {
+fn thread_churn_does_not_hang() {
     let (mut t, agent) = armed(&["churn", "1000"], &["--symbol", "trigger", "--json"]);
     let at = Instant::now();
     t.wait(Duration::from_secs(60));
     let run = agent.finish(FINISH);
-    report("11 thread churn", &run, at);
+    report("thread churn", &run, at);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let s = run.summary().unwrap();
     let cpu = s["perf_cpu_s"]
@@ -398,14 +381,14 @@ fn f11_thread_churn_does_not_hang() {
         .iter()
         .any(|l| l.contains("\"warning\"") && l.contains("of a core"));
     eprintln!(
-        "FAULT 11 churn: perf used {cpu:.2} s CPU over {:.1} s; spin warning: {spin_warning}",
+        "FAULT thread churn: perf used {cpu:.2} s CPU over {:.1} s; spin warning: {spin_warning}",
         s["duration_s"]
     );
     run.assert_index_consistent();
 }
 
 #[test]
-fn f12_pids_that_are_not_targets() {
+fn pids_that_are_not_targets_are_refused() {
     preflight();
     // A kernel thread.
     let run = Agent::start(&["--pid", "2", "--symbol", "trigger"]).finish(FINISH);
@@ -440,34 +423,21 @@ fn f12_pids_that_are_not_targets() {
         "{:?}",
         p.stderr()
     );
-    eprintln!("FAULT 12 kernel thread / zombie / own pid: exit 2 each");
+    eprintln!("FAULT kernel thread / zombie / own pid: exit 2 each");
 }
 
 #[test]
-fn f13_least_privilege_capture_as_nobody() {
+fn least_privilege_capture_as_nobody() {
     // The copied binary, run as `nobody` with exactly CAP_SYS_ADMIN and
     // CAP_SYS_PTRACE (ambient, so perf gets them too), on a root process.
     let mut t = Target::start(&target_path("target"), &["calls", "3", "300"]);
     let pid = t.pid().to_string();
-    let bin_dir = tempfile::tempdir().unwrap();
-    fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = bin_dir.path().join("mt-agent");
-    fs::copy(agent_bin(), &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-    let work = tempfile::tempdir().unwrap();
-    fs::set_permissions(work.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let out = work.path().join("out");
-    let caps = "-all,+sys_admin,+sys_ptrace";
-    let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
-        .arg(format!("--inh-caps={caps}"))
-        .arg(format!(
-            "--ambient-caps={}",
-            caps.trim_start_matches("-all,")
-        ))
-        .arg("--")
-        .arg(&bin)
-        .args([
+    let nobody = AsNobody::new();
+    let out = nobody.out();
+    let out_arg = out.display().to_string();
+    let cmd = nobody.command(
+        &["sys_admin", "sys_ptrace"],
+        &[
             "--pid",
             &pid,
             "--symbol",
@@ -476,8 +446,9 @@ fn f13_least_privilege_capture_as_nobody() {
             "3",
             "--json",
             "--output",
-        ])
-        .arg(&out);
+            &out_arg,
+        ],
+    );
     let mut p = Proc::spawn(cmd);
     assert!(
         p.wait_line(Duration::from_secs(30), |l| l

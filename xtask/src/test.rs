@@ -1,7 +1,8 @@
 //! `cargo xtask test`: setup, then every test. Unit tests run in parallel
-//! as the invoking user; the end-to-end tests (mt-agent-tests) need root and
-//! look at system-wide state (loaded programs, perf processes), so they run
-//! one at a time, through `sudo` when we are not root. Last come the release
+//! as the invoking user; the kernel-filter tests (mt-agent's ignored unit
+//! tests) and the end-to-end tests (mt-agent-tests) need root and look at
+//! system-wide state (loaded programs, perf processes), so they run one at a
+//! time, through `sudo` when we are not root. Last come the release
 //! tests: the release is built twice, each time into its own clean target
 //! directory, to check that it is reproducible and works on a bare system.
 
@@ -51,6 +52,17 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         "-p",
         "xtask",
     ]))?;
+    // Kernel-filter tests (agent/src/probe/kernel_tests.rs): unit tests
+    // marked #[ignore] because they load the eBPF programs and attach uprobes
+    // to the test binary itself. As root, one at a time; without the
+    // privileges they fail and say so.
+    let mut kernel = cargo();
+    kernel.args(["test", "-p", "mt-agent"]);
+    if !is_root() {
+        kernel.arg("--config").arg(privileged_runner(&[]));
+    }
+    kernel.args(["--", "--ignored", "--test-threads=1"]);
+    run(&mut kernel)?;
     // Privileged end-to-end tests, one at a time.
     let agent = target_dir().join("debug").join("mt-agent");
     let e2e = |tests: &[&str], extra: &[(&str, &Path)]| -> anyhow::Result<()> {

@@ -5,7 +5,7 @@
 //! (arch/x86/kernel/uprobes.c, `branch_setup_xol_ops` and
 //! `push_setup_xol_ops`). Figures are the "floor" row of `cargo xtask bench`
 //! on our machines (an empty eBPF program, perf record sampling the target;
-//! README, Benchmarks); `shared/docs/uprobe-cost.md` has lower figures
+//! README, Benchmarks); `docs/uprobe-cost.md` has lower figures
 //! counted with `perf stat` alone, in the same order:
 //! * a 5-byte NOP (`0f 1f 44 00 00`) can take the optimized path (~0.8 µs);
 //! * `push reg`, NOPs, and relative `jmp`, `call` and `jcc` are emulated: no
