@@ -199,6 +199,7 @@ pub async fn run(
         ))
         .into());
     }
+    check::sample_rate(settings.freq, check::max_sample_rate())?;
     for t in &triggers {
         match &t.watch {
             WatchArg::Pid(pid) => caps::check(Some(*pid))?,
@@ -396,10 +397,12 @@ pub async fn run(
     )?;
 
     let mut deadline: Option<tokio::time::Instant> = None;
+    let mut armed = false;
     let outcome = loop {
         tokio::select! {
             ev = events.recv() => match ev {
                 Some(Event::Armed) => {
+                    armed = true;
                     if let Some(d) = args.duration && deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + d);
                     }
@@ -421,6 +424,10 @@ pub async fn run(
     let code = outcome.failure.as_ref().map_or(ExitCode::Ok, |f| f.code);
     if let Some(f) = &outcome.failure {
         reporter.error(f);
+        if !armed {
+            // Nothing was attached or recorded: the error alone says it all.
+            return Ok(code);
+        }
     }
     reporter.summary(&Summary {
         end: outcome.reason.describe(),

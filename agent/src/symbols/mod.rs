@@ -222,8 +222,20 @@ fn open_views(pid: i32, object: Option<&str>) -> Result<Vec<View>, ResolveError>
     Ok(selected.into_iter().filter_map(View::open).collect())
 }
 
+/// Refuses a query that names nothing: `--symbol ''` (exit code 2).
+fn check_query(q: &Query) -> Result<(), Failure> {
+    match &q.symbol {
+        Some(s) if s.trim().is_empty() => Err(Failure::usage(
+            "--symbol is empty; give the name of a function (`mt-agent symbols --pid N PATTERN` \
+             lists them)",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Finds the probe point for `q` in process `pid`.
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
+    check_query(q).map_err(ResolveError::Other)?;
     let views = open_views(pid, q.object.as_deref())?;
     let (view, function, probe_offset) = match (&q.symbol, q.address) {
         (_, Some(addr)) => {
@@ -257,6 +269,7 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
 /// probe instead. Errors (exit code 2) as for [`resolve`].
 pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
     use std::os::unix::fs::MetadataExt as _;
+    check_query(q)?;
     if q.address.is_some() {
         return Err(Failure::usage(
             "--address needs a running process to translate; with --exe, use --symbol and --offset",
