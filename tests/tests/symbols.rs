@@ -498,3 +498,28 @@ fn a_versioned_name_picks_that_version() {
     // Two versions, two functions.
     assert_ne!(offsets[0], offsets[1], "{offsets:?}");
 }
+
+#[test]
+fn an_instruction_the_kernel_cannot_probe_is_refused_before_anything_starts() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let run = refusal(t.pid(), &["--symbol", "trigger_int3"]);
+    stderr_has(&run, "`int3`");
+    stderr_has(&run, "--offset 1");
+    assert_no_perf_for(&run.out, "int3 refusal");
+    let run = refusal(t.pid(), &["--symbol", "trigger_lock"]);
+    stderr_has(&run, "lock");
+    // The next instruction (`ret`) can be probed.
+    let pid = t.pid().to_string();
+    let run = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger_int3",
+        "--offset",
+        "1",
+        "--duration",
+        "1s",
+    ])
+    .finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+}

@@ -359,6 +359,15 @@ fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resoluti
             f.demangled
         ))));
     }
+    if let Some((insn, why)) = insn::uprobe_refusal(&body[probe_offset as usize..]) {
+        let next = probe_offset + insn::length(&body[probe_offset as usize..]).max(1) as u64;
+        return Err(ResolveError::Other(Failure::usage(format!(
+            "{}+{probe_offset:#x} is `{insn}`, which a uprobe cannot be placed on: {why} \
+             (ENOTSUPP); probe another instruction, e.g. --offset {next} (a boundary from \
+             `objdump -d`)",
+            f.demangled
+        ))));
+    }
     let attach_offset = f.file_offset + probe_offset;
     let cost = insn::cost_hint(&body[probe_offset as usize..], f.elf_address + probe_offset);
     let mut notes = Vec::new();
