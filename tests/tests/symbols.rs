@@ -256,9 +256,6 @@ fn refusals_explain_themselves() {
     stderr_has(&run, "libtrig.so");
     stderr_has(&run, "libuser");
     stderr_has(&run, "--object");
-    let run = refusal(u.pid(), &["--symbol", "versioned"]);
-    stderr_has(&run, "versioned@V1");
-    stderr_has(&run, "versioned@@V2");
     let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
     stderr_has(&run, "IFUNC");
     stderr_has(&run, "lib_pick_fast");
@@ -476,7 +473,7 @@ fn a_versioned_name_picks_that_version() {
     let u = Target::start(&target_path("libuser"), &["common"]);
     let pid = u.pid().to_string();
     let mut offsets = Vec::new();
-    for version in ["versioned@V1", "versioned@@V2"] {
+    for version in ["versioned@V1", "versioned@@V2", "versioned"] {
         let mut a = Agent::start(&["--pid", &pid, "--symbol", version, "--json"]);
         a.wait_armed();
         let armed = a
@@ -495,8 +492,9 @@ fn a_versioned_name_picks_that_version() {
         let run = a.finish(Duration::from_secs(30));
         assert_eq!(run.code, Some(0), "{version}: {}", run.output());
     }
-    // Two versions, two functions.
+    // Two versions, two functions; a plain name is the default version (@@).
     assert_ne!(offsets[0], offsets[1], "{offsets:?}");
+    assert_eq!(offsets[2], offsets[1], "{offsets:?}");
 }
 
 #[test]
@@ -522,4 +520,63 @@ fn an_instruction_the_kernel_cannot_probe_is_refused_before_anything_starts() {
     ])
     .finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
+}
+
+#[test]
+fn an_ifunc_is_probed_at_the_implementation_the_process_uses() {
+    // memcpy@@GLIBC_2.14 is an IFUNC; memcpy@GLIBC_2.2.5 a compatibility
+    // function that programs built today never call.
+    let mut t = Target::start(&target_path("ifunc"), &["bound", "20", "10"]);
+    let run = capture(&mut t, &["--symbol", "memcpy", "--object", "libc.so.6"]);
+    let s = run.summary().unwrap();
+    let seen = s["counters"]["seen"].as_u64().unwrap();
+    assert!(seen >= 20, "20 memcpy calls, {seen} seen\n{}", run.output());
+    let warning = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("\"event\":\"warning\"") && l.contains("IFUNC"))
+        .unwrap_or_else(|| panic!("no IFUNC note\n{}", run.output()));
+    assert!(warning.contains("GOT of"), "{warning}");
+    let armed = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("\"event\":\"armed\""))
+        .unwrap();
+    let armed: Value = serde_json::from_str(armed).unwrap();
+    let symbol = armed["symbol"].as_str().unwrap();
+    assert_ne!(symbol, "memcpy", "the resolver is not what runs: {armed}");
+    assert!(!symbol.contains("GLIBC_2.2.5"), "{armed}");
+}
+
+#[test]
+fn an_ifunc_not_yet_bound_is_refused_with_its_implementations() {
+    let t = Target::start(&target_path("ifunc"), &["unbound"]);
+    let run = refusal(t.pid(), &["--symbol", "memcpy", "--object", "libc.so.6"]);
+    stderr_has(&run, "is a GNU indirect function (IFUNC)");
+    stderr_has(&run, "bound it yet");
+    stderr_has(&run, "__memcpy_");
+}
+
+#[test]
+fn symbols_marks_ifuncs_and_their_resolvers() {
+    let t = Target::start(&target_path("ifunc"), &["unbound"]);
+    let (code, out) = symbols(t.pid(), "memcpy", true);
+    assert_eq!(code, 0, "{out}");
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let kind_of = |name: &str| {
+        rows.iter()
+            .find(|r| r["mangled"] == name)
+            .map(|r| r["kind"].clone())
+    };
+    assert_eq!(
+        kind_of("memcpy@@GLIBC_2.14"),
+        Some(Value::from("ifunc")),
+        "{out}"
+    );
+    assert!(
+        rows.iter().any(|r| r["kind"] == "ifunc resolver"),
+        "no resolver marked\n{out}"
+    );
+    let (_, table) = symbols(t.pid(), "memcpy", false);
+    assert!(table.contains("IFUNC"), "{table}");
 }

@@ -16,6 +16,7 @@
 //!   symbol, not from section headers.
 
 pub mod elf;
+mod ifunc;
 pub mod insn;
 pub mod maps;
 pub mod names;
@@ -237,6 +238,7 @@ fn check_query(q: &Query) -> Result<(), Failure> {
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     check_query(q).map_err(ResolveError::Other)?;
     let views = open_views(pid, q.object.as_deref())?;
+    let mut note = None;
     let (view, function, probe_offset) = match (&q.symbol, q.address) {
         (_, Some(addr)) => {
             let (v, f, off) = by_address(pid, &views, addr)?;
@@ -252,8 +254,9 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
             (v, f, off)
         }
         (Some(sym), None) => {
-            let (v, f) = by_name(pid, &views, sym)?;
-            (v, f, q.offset.unwrap_or(0))
+            let p = by_name(pid, &views, sym)?;
+            note = p.note;
+            (p.view, p.function, q.offset.unwrap_or(0))
         }
         (None, None) => {
             return Err(ResolveError::Other(Failure::usage(
@@ -261,7 +264,9 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
             )));
         }
     };
-    finish(pid, view, function, probe_offset)
+    let mut r = finish(pid, view, function, probe_offset)?;
+    r.notes.extend(note);
+    Ok(r)
 }
 
 /// Finds the probe point for `q` in the file `path` itself, with no running
@@ -308,8 +313,8 @@ pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Fai
     let Some(sym) = q.symbol.as_deref() else {
         return Err(Failure::usage("give --symbol NAME"));
     };
-    let (v, f) = by_name(0, &views, sym).map_err(Failure::from)?;
-    finish(0, v, f, q.offset.unwrap_or(0)).map_err(Failure::from)
+    let p = by_name(0, &views, sym).map_err(Failure::from)?;
+    finish(0, p.view, p.function, q.offset.unwrap_or(0)).map_err(Failure::from)
 }
 
 /// Like [`resolve`], but while nothing matches, polls the target's mappings
@@ -438,15 +443,57 @@ struct Candidate<'a> {
     how: NameMatch,
 }
 
-fn by_name<'a>(
-    pid: i32,
-    views: &'a [View],
-    query: &'a str,
-) -> Result<(&'a View, Function), ResolveError> {
+/// What [`by_name`] picked: the function, and a note on how (an IFUNC's
+/// implementation).
+struct Picked<'a> {
+    view: &'a View,
+    function: Function,
+    note: Option<String>,
+}
+
+/// Finds the one function `query` names. A plain name prefers an object's
+/// default version (`@@`) over its compatibility versions (`@`); an IFUNC
+/// is followed to the implementation the process uses ([`ifunc`]).
+fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>, ResolveError> {
+    let found = prefer_default_version(candidates(pid, views, query), query);
+    let callable = distinct(found.iter().filter(|c| {
+        c.how == NameMatch::Exact
+            && (c.sym.kind == SymKind::Ifunc || (c.sym.kind == SymKind::Func && c.sym.size > 0))
+    }));
+    match callable.len() {
+        0 => Err(nothing_callable(pid, views, &found, query)),
+        1 if callable[0].sym.kind == SymKind::Ifunc => ifunc::implementation(pid, callable[0]),
+        1 => {
+            let c = callable[0];
+            let function = c.view.function(c.sym).ok_or_else(|| {
+                ResolveError::Other(Failure::usage(format!(
+                    "{query} at {:#x} in {} is outside every LOAD segment; it cannot be probed",
+                    c.sym.value,
+                    c.view.label()
+                )))
+            })?;
+            Ok(Picked {
+                view: c.view,
+                function,
+                note: None,
+            })
+        }
+        n => Err(ResolveError::Other(
+            Failure::usage(format!(
+                "{query} matches {n} functions; pick one with --object PATH|NAME \
+                 (or give the full mangled or versioned name)"
+            ))
+            .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
+        )),
+    }
+}
+
+/// The symbols whose name matches `query`, per object: `.symtab`, then
+/// `.dynsym`, then the debug file, stopping at the first table of an object
+/// that has the function itself.
+fn candidates<'a>(pid: i32, views: &'a [View], query: &'a str) -> Vec<Candidate<'a>> {
     let mut found: Vec<Candidate<'a>> = Vec::new();
     for v in views {
-        // .symtab, then .dynsym, then the debug file: stop at the first
-        // table of this object that has the function itself.
         let start = found.len();
         let has_exact =
             |found: &[Candidate<'_>]| found[start..].iter().any(|c| c.how == NameMatch::Exact);
@@ -460,80 +507,70 @@ fn by_name<'a>(
             found.extend(matching(v, &v.debug(pid).0, query));
         }
     }
+    found
+}
 
-    let exact_funcs =
-        distinct(found.iter().filter(|c| {
-            c.how == NameMatch::Exact && c.sym.kind == SymKind::Func && c.sym.size > 0
-        }));
-    match exact_funcs.len() {
-        1 => {
-            let c = exact_funcs[0];
-            let f = c.view.function(c.sym).ok_or_else(|| {
-                ResolveError::Other(Failure::usage(format!(
-                    "{query} at {:#x} in {} is outside every LOAD segment; it cannot be probed",
-                    c.sym.value,
-                    c.view.label()
-                )))
-            })?;
-            return Ok((c.view, f));
-        }
-        n if n > 1 => {
-            return Err(ResolveError::Other(
-                Failure::usage(format!(
-                    "{query} matches {n} functions; pick one with --object PATH|NAME \
-                     (or give the full mangled or versioned name)"
-                ))
-                .with_detail(exact_funcs.iter().map(|c| listing_line(c.view, c.sym))),
-            ));
-        }
-        _ => {}
+/// For a name without a version: drops an object's compatibility versions
+/// (`memcpy@GLIBC_2.2.5`) when the same object has the default version
+/// (`memcpy@@GLIBC_2.14`), which is what programs linked today call.
+fn prefer_default_version<'a>(found: Vec<Candidate<'a>>, query: &str) -> Vec<Candidate<'a>> {
+    if names::strip_version(query) != query {
+        return found;
     }
+    let is_default = |c: &Candidate<'_>| c.sym.name.contains("@@");
+    let is_compat = |c: &Candidate<'_>| c.sym.name.contains('@') && !is_default(c);
+    let defaults: Vec<*const View> = found
+        .iter()
+        .filter(|c| c.how == NameMatch::Exact && is_default(c))
+        .map(|c| std::ptr::from_ref(c.view))
+        .collect();
+    found
+        .into_iter()
+        .filter(|c| !(is_compat(c) && defaults.contains(&std::ptr::from_ref(c.view))))
+        .collect()
+}
 
-    let exact = |kind: SymKind| -> Vec<&Candidate<'a>> {
+/// Why nothing callable matched: a data symbol, an empty function, only
+/// compiler clones, or nothing at all (which may still be loaded later).
+fn nothing_callable(
+    pid: i32,
+    views: &[View],
+    found: &[Candidate<'_>],
+    query: &str,
+) -> ResolveError {
+    let exact = |kind: SymKind| {
         found
             .iter()
-            .filter(|c| c.how == NameMatch::Exact && c.sym.kind == kind)
-            .collect()
+            .find(|c| c.how == NameMatch::Exact && c.sym.kind == kind)
     };
-    if let Some(c) = exact(SymKind::Ifunc).first() {
-        let candidates = ifunc_candidates(c.view, names::strip_version(&c.sym.name));
-        return Err(ResolveError::Other(
-            Failure::usage(format!(
-                "{query} in {} is a GNU indirect function (IFUNC): its resolver picks an \
-                 implementation at run time; probe one of the implementations below by name",
-                c.view.label()
-            ))
-            .with_detail(candidates),
-        ));
-    }
-    if let Some(c) = exact(SymKind::Data).first() {
-        return Err(ResolveError::Other(Failure::usage(format!(
+    if let Some(c) = exact(SymKind::Data) {
+        return ResolveError::Other(Failure::usage(format!(
             "{query} in {} is a data symbol, not a function; give a function name \
              (`mt-agent symbols --pid {pid} PATTERN` lists them)",
             c.view.label()
-        ))));
+        )));
     }
-    if let Some(c) = exact(SymKind::Func).first() {
-        return Err(ResolveError::Other(Failure::usage(format!(
+    if let Some(c) = exact(SymKind::Func) {
+        return ResolveError::Other(Failure::usage(format!(
             "{query} in {} has size 0 (no body); give a function with code",
             c.view.label()
-        ))));
+        )));
     }
     let clones =
         distinct(found.iter().filter(|c| {
             c.how == NameMatch::Clone && c.sym.kind == SymKind::Func && c.sym.size > 0
         }));
-    if !clones.is_empty() {
-        return Err(ResolveError::Other(
+    if let Some(first) = clones.first() {
+        return ResolveError::Other(
             Failure::usage(format!(
                 "{query} has no body of its own; the compiler made the clones below. \
                  Probe one by its full name (e.g. --symbol '{}')",
-                clones[0].sym.name
+                first.sym.name
             ))
             .with_detail(clones.iter().map(|c| listing_line(c.view, c.sym))),
-        ));
+        );
     }
-    Err(ResolveError::NotFound(not_found(pid, views, query)))
+    ResolveError::NotFound(not_found(pid, views, query))
 }
 
 fn matching<'a>(
@@ -573,27 +610,6 @@ fn listing_line(v: &View, s: &ElfSymbol) -> String {
         v.label(),
         s.size
     )
-}
-
-fn ifunc_candidates(v: &View, name: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for s in v.symtab().iter().chain(v.dynsym()) {
-        let base = names::strip_version(&s.name);
-        if s.kind == SymKind::Func
-            && s.size > 0
-            && base != name
-            && (base.starts_with(&format!("__{name}_")) || base.starts_with(&format!("{name}_")))
-            && !out.iter().any(|o| o.starts_with(base))
-        {
-            out.push(format!("{base}  ({} bytes)", s.size));
-        }
-    }
-    out.sort();
-    if out.is_empty() {
-        out.push("(no implementations found by name; see `mt-agent symbols`)".into());
-    }
-    out.truncate(20);
-    out
 }
 
 fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
@@ -687,11 +703,15 @@ pub struct Listed {
     pub elf_address: u64,
     pub size: u64,
     pub table: &'static str,
+    /// `function`, `ifunc` (a GNU indirect function: its address is its
+    /// resolver's) or `ifunc resolver`.
+    pub kind: &'static str,
     pub cost: Option<CostHint>,
 }
 
 /// Lists the functions whose raw or demangled name contains `pattern`,
-/// across the target's mapped objects (or the one `object` selects).
+/// across the target's mapped objects (or the one `object` selects), with
+/// IFUNCs and their resolvers marked.
 pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec<Listed>, Failure> {
     let views = open_views(pid, object).map_err(Failure::from)?;
     let mut out = Vec::new();
@@ -703,34 +723,45 @@ pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec
         } else {
             vec![v.symtab(), v.dynsym()]
         };
-        for table in tables {
-            for s in table
-                .iter()
-                .filter(|s| s.kind == SymKind::Func && s.size > 0)
+        let resolvers: std::collections::HashSet<u64> = tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .filter(|s| s.kind == SymKind::Ifunc)
+            .map(|s| s.value)
+            .collect();
+        for s in tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .filter(|s| (s.kind == SymKind::Func || s.kind == SymKind::Ifunc) && s.size > 0)
+        {
+            let n = SymbolName::new(&s.name);
+            if let Some(p) = pattern
+                && !s.name.contains(p)
+                && !n.demangled.contains(p)
             {
-                let n = SymbolName::new(&s.name);
-                if let Some(p) = pattern
-                    && !s.name.contains(p)
-                    && !n.demangled.contains(p)
-                {
-                    continue;
-                }
-                if !seen.insert(s.value) {
-                    continue;
-                }
-                let Some(f) = v.function(s) else { continue };
-                let bytes = v.bytes(&f);
-                out.push(Listed {
-                    demangled: n.demangled,
-                    mangled: s.name.clone(),
-                    object: v.mapped.path.clone(),
-                    address: v.runtime_address(f.file_offset).unwrap_or(s.value),
-                    elf_address: s.value,
-                    size: s.size,
-                    table: s.table.label(),
-                    cost: insn::cost_hint(&bytes, s.value),
-                });
+                continue;
             }
+            let kind = match s.kind {
+                SymKind::Ifunc => "ifunc",
+                _ if resolvers.contains(&s.value) => "ifunc resolver",
+                _ => "function",
+            };
+            if !seen.insert((s.value, kind)) {
+                continue;
+            }
+            let Some(f) = v.function(s) else { continue };
+            let bytes = v.bytes(&f);
+            out.push(Listed {
+                demangled: n.demangled,
+                mangled: s.name.clone(),
+                object: v.mapped.path.clone(),
+                address: v.runtime_address(f.file_offset).unwrap_or(s.value),
+                elf_address: s.value,
+                size: s.size,
+                table: s.table.label(),
+                kind,
+                cost: insn::cost_hint(&bytes, s.value),
+            });
         }
     }
     Ok(out)
