@@ -580,3 +580,39 @@ fn symbols_marks_ifuncs_and_their_resolvers() {
     let (_, table) = symbols(t.pid(), "memcpy", false);
     assert!(table.contains("IFUNC"), "{table}");
 }
+
+#[test]
+fn an_object_path_not_yet_mapped_sees_every_call_across_dlopen_and_dlclose() {
+    // The agent arms before the library is mapped (the target waits for
+    // the go signal); the target then dlopens it and calls lib_trigger at
+    // once, 3 times 300 ms apart, dlcloses it, and does the same again.
+    let lib = target_path("libtrig.so").display().to_string();
+    let mut t = Target::start(&target_path("dlopener"), &["cycle", &lib, "2", "3", "300"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "lib_trigger",
+            "--object",
+            &lib,
+            "--wait-for-symbol",
+            "5s",
+        ],
+    );
+    let unmapped = t.proc.stdout().iter().filter(|l| *l == "unmapped").count();
+    assert_eq!(
+        unmapped,
+        2,
+        "dlclose did not unmap the library: {:?}",
+        t.proc.stdout()
+    );
+    let s = run.summary().unwrap();
+    assert_eq!(s["counters"]["seen"], 6, "{s}\n{}", run.output());
+    assert_eq!(run.hits().len(), 6, "{}", run.output());
+    let note = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("is not mapped by pid"))
+        .unwrap_or_else(|| panic!("no note about the unmapped file\n{}", run.output()));
+    assert!(note.contains("\"event\":\"warning\""), "{note}");
+}

@@ -20,6 +20,7 @@ mod ifunc;
 pub mod insn;
 pub mod maps;
 pub mod names;
+mod unmapped;
 
 use std::{
     cell::OnceCell,
@@ -237,7 +238,12 @@ fn check_query(q: &Query) -> Result<(), Failure> {
 /// Finds the probe point for `q` in process `pid`.
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     check_query(q).map_err(ResolveError::Other)?;
-    let views = open_views(pid, q.object.as_deref())?;
+    let views = match open_views(pid, q.object.as_deref()) {
+        Err(ResolveError::NotFound(f)) => {
+            return unmapped::resolve(pid, q).unwrap_or(Err(ResolveError::NotFound(f)));
+        }
+        views => views?,
+    };
     let mut note = None;
     let (view, function, probe_offset) = match (&q.symbol, q.address) {
         (_, Some(addr)) => {
