@@ -228,7 +228,9 @@ pub async fn run(
             WatchArg::Pid(pid) => {
                 target::check(*pid)?;
                 (
-                    symbols::resolve_waiting(*pid, &t.query, t.wait_for_symbol)?,
+                    symbols::resolve_waiting(*pid, &t.query, t.wait_for_symbol, &|m| {
+                        reporter.verbose(m)
+                    })?,
                     Watch::Pid(*pid),
                 )
             }

@@ -6,8 +6,8 @@
  *   libuser cycle PATH C N GAP  after the go signal, C times: dlopen(PATH), lib_trigger(i)
  *                               N times GAP_MS apart, dlclose; prints "unmapped" when
  *                               the library is gone from /proc/self/maps
- *   libuser late PATH DELAY N   dlopen(PATH) DELAY_MS after start (no go signal), then
- *                               lib_trigger(i) N times, 100 ms apart
+ *   libuser late PATH DELAY N   dlopen(PATH) DELAY_MS after start, before the go signal;
+ *                               after it, lib_trigger(i) N times, 100 ms apart
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -68,10 +68,18 @@ int main(int argc, char **argv) {
     fflush(stdout);
     sleep_ms(strtol(argv[3], NULL, 0));
     void *h;
-    int rc = open_and_call(argv[2], strtol(argv[4], NULL, 0), 100, &h);
+    int rc = open_and_call(argv[2], 0, 0, &h);
+    if (rc) return rc;
+    char go[64];
+    if (!fgets(go, sizeof go, stdin)) return 3;
+    void (*fn)(long) = (void (*)(long))dlsym(h, "lib_trigger");
+    for (long i = 0; i < strtol(argv[4], NULL, 0); i++) {
+      fn(i);
+      sleep_ms(100);
+    }
     printf("done\n");
     fflush(stdout);
-    return rc;
+    return 0;
   }
   printf("ready %d\n", getpid());
   fflush(stdout);

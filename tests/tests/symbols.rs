@@ -616,3 +616,19 @@ fn an_object_path_not_yet_mapped_sees_every_call_across_dlopen_and_dlclose() {
         .unwrap_or_else(|| panic!("no note about the unmapped file\n{}", run.output()));
     assert!(note.contains("\"event\":\"warning\""), "{note}");
 }
+
+#[test]
+fn a_process_younger_than_a_second_gets_time_for_its_loader() {
+    // The library is mapped 500 ms after the target starts; the agent,
+    // started at once, has no --wait-for-symbol.
+    let lib = target_path("libtrig.so").display().to_string();
+    let mut t = Target::start(&target_path("dlopener"), &["late", &lib, "500", "5"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "lib_trigger", "-v"]);
+    agent.wait_armed();
+    t.go();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    stderr_has(&run, "waiting up to 1 s for its loader");
+    assert_eq!(run.entries("hit").len(), 5, "{}", run.output());
+}

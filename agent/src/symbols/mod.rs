@@ -323,34 +323,66 @@ pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Fai
     finish(0, p.view, p.function, q.offset.unwrap_or(0)).map_err(Failure::from)
 }
 
+/// A process younger than this is probably still being set up by its
+/// dynamic loader.
+const YOUNG: Duration = Duration::from_secs(1);
+
 /// Like [`resolve`], but while nothing matches, polls the target's mappings
-/// every 100 ms for up to `wait` (a library still to be dlopen'ed).
-pub fn resolve_waiting(pid: i32, q: &Query, wait: Option<Duration>) -> Result<Resolution, Failure> {
+/// every 100 ms for up to `wait` (a library still to be dlopen'ed). Without
+/// `wait`, a process younger than 1 s gets 1 s: its loader may not have
+/// mapped its libraries yet. `log` gets the -v line saying so.
+pub fn resolve_waiting(
+    pid: i32,
+    q: &Query,
+    wait: Option<Duration>,
+    log: &dyn Fn(&str),
+) -> Result<Resolution, Failure> {
+    let young = if wait.is_none() {
+        crate::target::age(pid).filter(|a| *a < YOUNG)
+    } else {
+        None
+    };
+    let wait = wait.or(young.map(|_| YOUNG));
     let deadline = wait.map(|w| Instant::now() + w);
+    let mut logged = false;
     loop {
-        match resolve(pid, q) {
+        let f = match resolve(pid, q) {
             Ok(r) => return Ok(r),
-            Err(ResolveError::NotFound(f)) => match deadline {
-                Some(d) if Instant::now() < d => {
-                    if !crate::target::is_alive(pid) {
-                        return Err(Failure::usage(format!(
-                            "pid {pid} exited while waiting for the symbol to be mapped"
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Some(_) => {
-                    let mut f = f;
-                    f.message = format!(
-                        "{} (waited {})",
-                        f.message,
-                        humantime::format_duration(wait.unwrap_or_default())
-                    );
-                    return Err(f);
-                }
-                None => return Err(f),
-            },
             Err(ResolveError::Other(f)) => return Err(f),
+            Err(ResolveError::NotFound(f)) => f,
+        };
+        match (deadline, young) {
+            (Some(d), _) if Instant::now() < d => {
+                if !crate::target::is_alive(pid) {
+                    return Err(Failure::usage(format!(
+                        "pid {pid} exited while waiting for the symbol to be mapped"
+                    )));
+                }
+                if let (Some(age), false) = (young, logged) {
+                    logged = true;
+                    log(&format!(
+                        "pid {pid} started {} ms ago and the symbol is not mapped yet: waiting up \
+                         to 1 s for its loader (--wait-for-symbol waits longer)",
+                        age.as_millis()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (Some(_), _) => {
+                let mut f = f;
+                let how = if young.is_some() {
+                    " for the loader of a process started less than 1 s ago"
+                } else {
+                    ""
+                };
+                f.message = format!(
+                    "{} (waited {}{how})",
+                    f.message,
+                    humantime::format_duration(wait.unwrap_or_default())
+                );
+                return Err(f);
+            }
+            (None, _) => return Err(f),
         }
     }
 }
