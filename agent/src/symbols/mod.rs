@@ -387,30 +387,37 @@ pub fn resolve_waiting(
     }
 }
 
-fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resolution, ResolveError> {
-    let body = v.bytes(&f);
+/// Refuses a probe point past the function's end, off an instruction
+/// boundary, or on an instruction the kernel cannot probe (exit code 2).
+fn check_probe_point(f: &Function, body: &[u8], probe_offset: u64) -> Result<(), Failure> {
     if probe_offset >= f.size.max(1) {
-        return Err(ResolveError::Other(Failure::usage(format!(
+        return Err(Failure::usage(format!(
             "--offset {probe_offset} is past the end of {} ({} bytes); give an offset inside it",
             f.demangled, f.size
-        ))));
+        )));
     }
-    if !insn::is_boundary(&body, probe_offset) {
-        return Err(ResolveError::Other(Failure::usage(format!(
+    if !insn::is_boundary(body, probe_offset) {
+        return Err(Failure::usage(format!(
             "offset {probe_offset:#x} into {} is not an instruction boundary; a probe there \
              would corrupt the target. Pick a boundary from `objdump -d`",
             f.demangled
-        ))));
+        )));
     }
     if let Some((insn, why)) = insn::uprobe_refusal(&body[probe_offset as usize..]) {
         let next = probe_offset + insn::length(&body[probe_offset as usize..]).max(1) as u64;
-        return Err(ResolveError::Other(Failure::usage(format!(
+        return Err(Failure::usage(format!(
             "{}+{probe_offset:#x} is `{insn}`, which a uprobe cannot be placed on: {why} \
              (ENOTSUPP); probe another instruction, e.g. --offset {next} (a boundary from \
              `objdump -d`)",
             f.demangled
-        ))));
+        )));
     }
+    Ok(())
+}
+
+fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resolution, ResolveError> {
+    let body = v.bytes(&f);
+    check_probe_point(&f, &body, probe_offset).map_err(ResolveError::Other)?;
     let attach_offset = f.file_offset + probe_offset;
     let cost = insn::cost_hint(&body[probe_offset as usize..], f.elf_address + probe_offset);
     let mut notes = Vec::new();
