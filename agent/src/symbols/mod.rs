@@ -811,3 +811,94 @@ pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elf::Table;
+
+    fn own_view() -> View {
+        let exe = std::env::current_exe().unwrap();
+        View::open(MappedObject {
+            path: exe.clone(),
+            open_path: exe,
+            inode: 0,
+            deleted: false,
+            is_main: true,
+            mappings: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    fn func(name: &str) -> ElfSymbol {
+        ElfSymbol {
+            name: name.into(),
+            value: 0x1000,
+            size: 16,
+            kind: SymKind::Func,
+            table: Table::Dynsym,
+        }
+    }
+
+    #[test]
+    fn a_plain_name_prefers_the_default_version_of_each_object() {
+        let (libc, other) = (own_view(), own_view());
+        let both = [func("memcpy@GLIBC_2.2.5"), func("memcpy@@GLIBC_2.14")];
+        let compat_only = [func("memcpy@GLIBC_2.2.5")];
+        let found = || {
+            vec![
+                Candidate {
+                    view: &libc,
+                    sym: &both[0],
+                    how: NameMatch::Exact,
+                },
+                Candidate {
+                    view: &libc,
+                    sym: &both[1],
+                    how: NameMatch::Exact,
+                },
+                Candidate {
+                    view: &other,
+                    sym: &compat_only[0],
+                    how: NameMatch::Exact,
+                },
+            ]
+        };
+        let names = |cs: Vec<Candidate<'_>>| -> Vec<String> {
+            cs.iter().map(|c| c.sym.name.clone()).collect()
+        };
+        // The compatibility version goes only where a default one exists.
+        assert_eq!(
+            names(prefer_default_version(found(), "memcpy")),
+            ["memcpy@@GLIBC_2.14", "memcpy@GLIBC_2.2.5"]
+        );
+        assert!(std::ptr::eq(
+            prefer_default_version(found(), "memcpy")[1].view,
+            &other
+        ));
+        // A versioned query keeps what it matched.
+        assert_eq!(
+            prefer_default_version(found(), "memcpy@GLIBC_2.2.5").len(),
+            3
+        );
+    }
+
+    #[test]
+    fn an_empty_name_is_refused() {
+        for name in ["", "  "] {
+            let q = Query {
+                symbol: Some(name.into()),
+                ..Query::default()
+            };
+            let e = check_query(&q).unwrap_err();
+            assert!(e.message.contains("--symbol is empty"), "{}", e.message);
+        }
+        assert!(
+            check_query(&Query {
+                symbol: Some("f".into()),
+                ..Query::default()
+            })
+            .is_ok()
+        );
+    }
+}
