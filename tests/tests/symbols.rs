@@ -549,11 +549,28 @@ fn an_ifunc_is_probed_at_the_implementation_the_process_uses() {
 }
 
 #[test]
-fn an_ifunc_not_yet_bound_is_refused_with_its_implementations() {
-    let t = Target::start(&target_path("ifunc"), &["unbound"]);
-    let run = refusal(t.pid(), &["--symbol", "memcpy", "--object", "libc.so.6"]);
+fn an_ifunc_whose_implementation_cannot_be_told_is_refused() {
+    // lib_pick is an IFUNC in libtrig.so that nothing imports or calls:
+    // no GOT slot of the process says which implementation it would use.
+    let u = Target::start(&target_path("libuser"), &["common"]);
+    let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
     stderr_has(&run, "is a GNU indirect function (IFUNC)");
-    stderr_has(&run, "bound it yet");
+    stderr_has(&run, "no module of the process has bound it yet");
+    stderr_has(&run, "lib_pick_fast");
+    // With --exe there is no process to read a GOT from.
+    let t = Target::start(&target_path("ifunc"), &["unbound"]);
+    let maps = fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .expect("libc.so.6 mapped")
+        .to_string();
+    let exe = target_path("ifunc").display().to_string();
+    let run = Agent::start(&["--exe", &exe, "--symbol", "memcpy", "--object", &libc])
+        .finish(Duration::from_secs(30));
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    stderr_has(&run, "no process to read it from (--exe)");
     stderr_has(&run, "__memcpy_");
 }
 

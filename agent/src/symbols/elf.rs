@@ -224,6 +224,24 @@ impl ElfObject {
         out
     }
 
+    /// The GOT slots (ELF virtual addresses) of this object's own calls to
+    /// the IFUNC whose resolver is at `resolver`: its `R_X86_64_IRELATIVE`
+    /// relocations with that addend, which the loader always binds at load
+    /// time.
+    pub fn irelative_slots(&self, resolver: u64) -> Vec<u64> {
+        let Ok(f) = self.elf() else { return Vec::new() };
+        let Some(relocs) = f.dynamic_relocations() else {
+            return Vec::new();
+        };
+        relocs
+            .filter(|(_, r)| {
+                matches!(r.flags(), object::RelocationFlags::Elf { r_type } if r_type == elf::R_X86_64_IRELATIVE)
+                    && u64::try_from(r.addend()).ok() == Some(resolver)
+            })
+            .map(|(offset, _)| offset)
+            .collect()
+    }
+
     fn symbols_of(&self, dynamic: bool, table: Table) -> Vec<ElfSymbol> {
         let Ok(f) = self.elf() else { return Vec::new() };
         let e = f.endian();

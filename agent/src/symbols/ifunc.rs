@@ -11,6 +11,9 @@
 //! that GOT entry from /proc/PID/mem, and map the address back to a function
 //! of the IFUNC's object. A GOT entry not yet bound (lazy binding, before
 //! the first call) still points into its own module's PLT and says nothing.
+//! The IFUNC's own object may call it too, through a slot with an
+//! `R_X86_64_IRELATIVE` relocation whose addend is the resolver; the loader
+//! binds those when it loads the object.
 
 use std::{fs::File, os::unix::fs::FileExt as _, path::PathBuf};
 
@@ -30,7 +33,8 @@ pub(super) fn implementation<'a>(pid: i32, c: &Candidate<'a>) -> Result<Picked<'
         .version
         .map(|v| v.trim_start_matches('@').to_string());
     let (bound, why) = if pid > 0 {
-        match bound_addresses(pid, name, version.as_deref()) {
+        let own = (&c.view.mapped.path, c.sym.value);
+        match bound_addresses(pid, name, version.as_deref(), own) {
             Ok(b) => (b, None),
             Err(e) => (Vec::new(), Some(e)),
         }
@@ -104,11 +108,14 @@ fn refusal(pid: i32, v: &View, name: &str, why: &str) -> ResolveError {
 }
 
 /// The address each importing module's GOT holds for `name`, with the
-/// module. Errors when /proc/PID/maps or /proc/PID/mem cannot be read.
+/// module; `own` is the IFUNC's object and resolver address, whose own
+/// calls (IRELATIVE slots) count too. Errors when /proc/PID/maps or
+/// /proc/PID/mem cannot be read.
 fn bound_addresses(
     pid: i32,
     name: &str,
     version: Option<&str>,
+    own: (&PathBuf, u64),
 ) -> Result<Vec<(PathBuf, u64)>, String> {
     let objects = maps::read_objects(pid).map_err(|e| format!("/proc/{pid}/maps: {e}"))?;
     let mut mem: Option<File> = None;
@@ -117,7 +124,10 @@ fn bound_addresses(
         let Ok(elf) = ElfObject::open(&o.open_path) else {
             continue;
         };
-        let slots = elf.imports(name, version);
+        let mut slots = elf.imports(name, version);
+        if &o.path == own.0 {
+            slots.extend(elf.irelative_slots(own.1));
+        }
         if slots.is_empty() {
             continue;
         }

@@ -648,8 +648,13 @@ fn listing_line(v: &View, s: &ElfSymbol) -> String {
     let addr = elf::vaddr_to_offset(&v.segments, s.value)
         .and_then(|off| v.runtime_address(off))
         .unwrap_or(s.value);
+    let ifunc = if s.kind == SymKind::Ifunc {
+        " (IFUNC)"
+    } else {
+        ""
+    };
     format!(
-        "{}  [{}]  in {}  at {addr:#x} ({} bytes)",
+        "{}{ifunc}  [{}]  in {}  at {addr:#x} ({} bytes)",
         SymbolName::new(&s.name).demangled,
         s.name,
         v.label(),
