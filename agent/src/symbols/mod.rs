@@ -9,11 +9,17 @@
 //! * In each object, look in `.symtab`, then `.dynsym`, then separate debug
 //!   info (by build-id or `.gnu_debuglink`).
 //! * Names match raw, versioned (`foo@@V2` as `foo`), or demangled (C++ with
-//!   or without parameters, Rust with or without hash).
+//!   or without parameters, Rust with or without hash). A plain name prefers
+//!   an object's default version (`@@`) over its compatibility ones (`@`).
 //! * Exactly one function must match. Compiler clones are never picked
-//!   silently; data symbols and IFUNCs are refused with a reason.
+//!   silently; data symbols are refused with a reason. An IFUNC is followed
+//!   to the implementation the process uses ([`ifunc`]), or refused.
+//! * `--object PATH` of a file not mapped yet is probed in the file itself
+//!   ([`unmapped`]).
 //! * The file offset comes from the LOAD program header containing the
 //!   symbol, not from section headers.
+//! * The probed instruction must be one the kernel can place a uprobe on
+//!   ([`insn::uprobe_refusal`]).
 
 pub mod elf;
 mod ifunc;
