@@ -637,7 +637,9 @@ fn an_object_path_not_yet_mapped_sees_every_call_across_dlopen_and_dlclose() {
 #[test]
 fn a_process_younger_than_a_second_gets_time_for_its_loader() {
     // The library is mapped 500 ms after the target starts; the agent,
-    // started at once, has no --wait-for-symbol.
+    // started at once, has no --wait-for-symbol. The agent must look before
+    // the library is there (it looks ~100 ms after the target's start here):
+    // a loose bound, which only a machine 5 times slower would miss.
     let lib = target_path("libtrig.so").display().to_string();
     let mut t = Target::start(&target_path("dlopener"), &["late", &lib, "500", "5"]);
     let pid = t.pid().to_string();
