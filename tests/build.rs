@@ -79,6 +79,11 @@ fn main() {
         .arg(o("dlopener"))
         .arg(s("libuser.c"))
         .arg("-ldl"));
+    run(Command::new("gcc")
+        .args(cflags)
+        .args(["-fno-builtin", "-Wl,-z,lazy", "-o"])
+        .arg(o("ifunc"))
+        .arg(s("ifunc.c")));
     run(Command::new("g++")
         .args(cflags)
         .arg("-o")

@@ -20,7 +20,7 @@ use agent_common::{CFG_ENABLED, TriggerConfig};
 use crate::{
     caps,
     cli::CheckArgs,
-    error::ExitCode,
+    error::{ExitCode, Failure},
     perf::{self, PerfProcess, PerfSpec},
     probe::{AttachPlan, LoadOptions, Probes},
     symbols::maps,
@@ -114,6 +114,35 @@ pub fn kernel_version() -> (String, (u32, u32)) {
         .filter_map(|p| p.parse::<u32>().ok());
     let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (release, version)
+}
+
+/// The highest sampling frequency the kernel allows, Hz:
+/// `kernel.perf_event_max_sample_rate` (/proc/sys/kernel/, see
+/// kernel/events/core.c); None if it cannot be read.
+pub fn max_sample_rate() -> Option<u32> {
+    fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Refuses a `--freq` above the kernel's limit (exit code 2): perf would
+/// lower it to the limit, and the banner and `armed` event would show a rate
+/// that is not the one in use.
+pub fn sample_rate(freq: u32, limit: Option<u32>) -> Result<(), Failure> {
+    if freq == 0 {
+        return Err(Failure::usage(
+            "--freq 0: give a sampling frequency of at least 1 Hz",
+        ));
+    }
+    match limit {
+        Some(max) if freq > max => Err(Failure::usage(format!(
+            "--freq {freq} is above the kernel's limit of {max} Hz \
+             (kernel.perf_event_max_sample_rate); give --freq {max} or less"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn kernel(r: &mut Report) {
@@ -484,5 +513,24 @@ fn target_check(r: &mut Report, pid: i32) {
             f.message,
             "give the pid of a running user process",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frequency_above_the_kernel_limit_is_refused_with_the_limit() {
+        assert!(sample_rate(999, Some(100_000)).is_ok());
+        assert!(sample_rate(100_000, Some(100_000)).is_ok());
+        assert!(sample_rate(999_999_999, None).is_ok());
+        let e = sample_rate(999_999_999, Some(100_000)).unwrap_err();
+        assert_eq!(e.code, ExitCode::Usage);
+        assert!(e.message.contains("100000 Hz"), "{}", e.message);
+        assert_eq!(
+            sample_rate(0, Some(100_000)).unwrap_err().code,
+            ExitCode::Usage
+        );
     }
 }

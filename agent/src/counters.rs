@@ -76,6 +76,7 @@ pub struct Dropped(pub [u64; DROP_REASONS.len()]);
 impl Dropped {
     /// The count for one reason, by its JSON field name (0 for an unknown
     /// name).
+    #[cfg(test)]
     pub fn get(&self, field: &str) -> u64 {
         DROP_REASONS
             .iter()
@@ -84,6 +85,7 @@ impl Dropped {
     }
 
     /// Counts given by JSON field name; the others are 0.
+    #[cfg(test)]
     pub fn from_fields(fields: &[(&str, u64)]) -> Self {
         let mut d = Self::default();
         for (field, n) in fields {

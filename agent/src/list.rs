@@ -33,6 +33,11 @@ pub fn run(args: &SymbolsArgs) -> anyhow::Result<ExitCode> {
             .as_ref()
             .map(|c| c.describe())
             .unwrap_or_else(|| "?".into());
+        let name = match r.kind {
+            "ifunc" => format!("{} (IFUNC)", r.demangled),
+            "ifunc resolver" => format!("{} (IFUNC resolver)", r.demangled),
+            _ => r.demangled.clone(),
+        };
         let mangled = if r.mangled != r.demangled {
             format!("  [{}]", r.mangled)
         } else {
@@ -42,7 +47,7 @@ pub fn run(args: &SymbolsArgs) -> anyhow::Result<ExitCode> {
             "{:<#18x} {:>7}  {:<40} {:<34} {}{mangled}",
             r.address,
             r.size,
-            r.demangled,
+            name,
             cost,
             r.object.display()
         );

@@ -275,7 +275,13 @@ impl Probes {
     }
 }
 
-/// Maps an aya error to a failure: permission problems are exit code 3.
+/// The kernel's internal `ENOTSUPP` (include/linux/errno.h), which
+/// `perf_event_open` returns for a uprobe on an instruction that
+/// arch/x86/kernel/uprobes.c refuses. libc has no name for it.
+const ENOTSUPP: i32 = 524;
+
+/// Maps an aya error to a failure: permission problems are exit code 3,
+/// an instruction the kernel cannot probe (`ENOTSUPP`) exit code 2.
 fn classify(err: &(dyn std::error::Error + 'static), doing: &str) -> Failure {
     classify_with(err, doing, &[libc::EPERM, libc::EACCES])
 }
@@ -286,6 +292,15 @@ fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &
     let mut detail = Vec::new();
     while let Some(e) = source {
         detail.push(e.to_string());
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io.raw_os_error() == Some(ENOTSUPP)
+        {
+            return Failure::usage(format!(
+                "{doing}: the kernel cannot place a uprobe on the instruction there (ENOTSUPP, \
+                 error 524: an instruction its uprobe decoder refuses, such as int3); probe \
+                 another instruction with --offset"
+            ));
+        }
         if let Some(io) = e.downcast_ref::<io::Error>()
             && io.raw_os_error().is_some_and(|n| denied.contains(&n))
         {
@@ -303,3 +318,21 @@ fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &
 
 #[cfg(test)]
 mod kernel_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ExitCode;
+
+    #[test]
+    fn enotsupp_from_the_kernel_is_explained() {
+        let e = io::Error::from_raw_os_error(ENOTSUPP);
+        let f = classify(&e, "attaching a uprobe to /bin/x+0x10");
+        assert_eq!(f.code, ExitCode::Usage);
+        assert!(f.message.contains("ENOTSUPP"), "{}", f.message);
+        assert!(f.message.contains("--offset"), "{}", f.message);
+        assert!(!f.message.contains("Unknown error"), "{}", f.message);
+        let f = classify(&io::Error::from_raw_os_error(libc::EPERM), "x");
+        assert_eq!(f.code, ExitCode::Environment);
+    }
+}

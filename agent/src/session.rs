@@ -103,9 +103,16 @@ pub async fn run(
         },
         events_tx,
     )?;
-    let outcome = wait(&handle, events, signals, args.duration).await?;
+    let (outcome, armed) = wait(&handle, events, signals, args.duration).await?;
     handle.join();
-    Ok(summarise(&reporter, &plan, outcome, &run_dir.path, started))
+    Ok(summarise(
+        &reporter,
+        &plan,
+        outcome,
+        armed,
+        &run_dir.path,
+        started,
+    ))
 }
 
 /// The kernel is recent enough, and we may trace each trigger's target.
@@ -118,6 +125,7 @@ fn check_system(plan: &Plan) -> Result<(), Failure> {
              uprobe attach cookies); `mt-agent check` lists what else is missing"
         )));
     }
+    check::sample_rate(plan.settings.freq, check::max_sample_rate())?;
     for t in &plan.triggers {
         match &t.watch {
             WatchArg::Pid(pid) => caps::check(Some(*pid))?,
@@ -144,7 +152,9 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
             WatchArg::Pid(pid) => {
                 target::check(*pid)?;
                 (
-                    symbols::resolve_waiting(*pid, &t.query, t.wait_for_symbol)?,
+                    symbols::resolve_waiting(*pid, &t.query, t.wait_for_symbol, &|m| {
+                        reporter.verbose(m)
+                    })?,
                     Watch::Pid(*pid),
                 )
             }
@@ -300,23 +310,26 @@ impl Signals {
 }
 
 /// Relays signals and `--duration` (counted from the first `armed`) to the
-/// driver until it reports the run's outcome.
+/// driver until it reports the run's outcome; also says whether any trigger
+/// was armed.
 async fn wait(
     handle: &Handle,
     mut events: UnboundedReceiver<Event>,
     mut signals: Signals,
     duration: Option<Duration>,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<(Outcome, bool)> {
     let mut deadline: Option<tokio::time::Instant> = None;
+    let mut armed = false;
     loop {
         tokio::select! {
             ev = events.recv() => match ev {
                 Some(Event::Armed) => {
+                    armed = true;
                     if let Some(d) = duration && deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + d);
                     }
                 }
-                Some(Event::Finished(o)) => return Ok(*o),
+                Some(Event::Finished(o)) => return Ok((*o, armed)),
                 None => anyhow::bail!("the driver thread ended without an outcome"),
             },
             _ = signals.int.recv() => handle.send(Command::Stop(EndReason::Signal("SIGINT"))),
@@ -330,17 +343,23 @@ async fn wait(
     }
 }
 
-/// Prints the failure (if any) and the summary; returns the exit code.
+/// Prints the failure (if any) and the summary; returns the exit code. A
+/// run that failed before anything was armed prints the error alone.
 fn summarise(
     reporter: &Reporter,
     plan: &Plan,
     outcome: Outcome,
+    armed: bool,
     run_dir: &Path,
     started: Instant,
 ) -> ExitCode {
     let code = outcome.failure.as_ref().map_or(ExitCode::Ok, |f| f.code);
     if let Some(f) = &outcome.failure {
         reporter.error(f);
+        if !armed {
+            // Nothing was attached or recorded: the error alone says it all.
+            return code;
+        }
     }
     reporter.summary(&Summary {
         end: outcome.reason.describe(),

@@ -39,6 +39,9 @@ pub struct Stat {
     pub utime: u64,
     /// System CPU time, clock ticks.
     pub stime: u64,
+    /// When the process started, clock ticks after boot (field 22,
+    /// `starttime`; the kernel counts it on the boot-time clock).
+    pub starttime: u64,
 }
 
 /// Parses /proc/PID/stat text. The command name can hold spaces and
@@ -52,6 +55,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         flags: f.get(9 - 3)?.parse().ok()?,
         utime: f.get(14 - 3)?.parse().ok()?,
         stime: f.get(15 - 3)?.parse().ok()?,
+        starttime: f.get(22 - 3)?.parse().ok()?,
     })
 }
 
@@ -72,6 +76,14 @@ pub fn ticks_to_duration(ticks: u64) -> Duration {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz)
+}
+
+/// How long ago the process started: `CLOCK_BOOTTIME` now minus its
+/// `starttime` (10 ms resolution with 100 clock ticks a second).
+pub fn age(pid: i32) -> Option<Duration> {
+    let started = ticks_to_duration(stat(pid).ok()?.starttime);
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    Duration::from(now).checked_sub(started)
 }
 
 /// (device, inode) of the file a process is running, or None if it is gone.
@@ -165,11 +177,12 @@ mod tests {
 
     #[test]
     fn stat_survives_odd_command_names() {
-        let text = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0";
+        let text = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5000 0";
         let s = parse_stat(text).unwrap();
         assert_eq!(s.state, 'S');
         assert_eq!(s.flags, 4194560);
         assert_eq!((s.utime, s.stime), (7, 3));
+        assert_eq!(s.starttime, 5000);
     }
 
     #[test]
@@ -178,6 +191,7 @@ mod tests {
         assert!(is_alive(me));
         assert!(exe_id(me).is_some());
         assert!(cpu_time(me).is_some());
+        assert!(age(me).is_some_and(|a| a < Duration::from_secs(365 * 86400)));
         assert_eq!(
             status_field(me, "Pid").as_deref(),
             Some(me.to_string().as_str())

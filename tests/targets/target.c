@@ -58,6 +58,12 @@ __asm__(".globl trigger_push\n.type trigger_push,@function\ntrigger_push:\n"
  * `fclone.constprop.0`, which must not be picked silently. */
 __asm__(".globl fclone.constprop.0\n.type fclone.constprop.0,@function\nfclone.constprop.0:\n"
         "  push %rbp\n  pop %rbp\n  ret\n.size fclone.constprop.0, .-fclone.constprop.0\n");
+/* A function whose first instruction is int3, which the kernel refuses to
+ * probe (never called), and one that starts with a lock-prefixed add. */
+__asm__(".globl trigger_int3\n.type trigger_int3,@function\ntrigger_int3:\n"
+        "  int3\n  ret\n.size trigger_int3, .-trigger_int3\n"
+        ".globl trigger_lock\n.type trigger_lock,@function\ntrigger_lock:\n"
+        "  lock addq $1, sink(%rip)\n  ret\n.size trigger_lock, .-trigger_lock\n");
 void trigger_push(long);
 void trigger_nop5(long);
 void trigger_step(long);

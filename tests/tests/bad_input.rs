@@ -5,6 +5,7 @@
 use std::{fs, time::Duration};
 
 use mt_agent_tests::*;
+use serde_json::Value;
 
 /// Runs the agent to completion (it must not arm) and checks it left nothing.
 fn refused(args: &[&str]) -> Run {
@@ -151,4 +152,60 @@ fn slower_than_with_an_offset_is_refused() {
         "1ms",
     ]);
     assert_one_error_line(&run, 2, "--slower-than times a call from its entry");
+}
+
+#[test]
+fn an_empty_symbol_name_is_refused() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let run = refused(&["--pid", &pid, "--symbol", ""]);
+    assert_one_error_line(&run, 2, "--symbol is empty");
+    assert!(
+        !run.stderr.iter().any(|l| l.contains("similar:")),
+        "no suggestions for an empty name\n{}",
+        run.output()
+    );
+}
+
+#[test]
+fn a_frequency_above_the_kernel_limit_is_refused() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let max: u64 = fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .expect("/proc/sys/kernel/perf_event_max_sample_rate")
+        .trim()
+        .parse()
+        .unwrap();
+    let over = (max + 1).to_string();
+    let run = refused(&["--pid", &pid, "--symbol", "trigger", "--freq", &over]);
+    assert_one_error_line(&run, 2, &format!("limit of {max} Hz"));
+}
+
+#[test]
+fn a_perf_that_fails_before_recording_gets_the_error_alone() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let args = ["--pid", &pid, "--symbol", "trigger", "--perf", "/bin/false"];
+    let run = refused(&args);
+    assert_one_error_line(&run, 3, "does not look like perf");
+    let all = format!("{}\n{}", run.stdout.join("\n"), run.stderr.join("\n"));
+    assert!(
+        !all.contains("summary") && !all.contains("perf used"),
+        "no summary for a run that recorded nothing\n{}",
+        run.output()
+    );
+    // With --json: one error event, no summary event.
+    let run = refused(&[&args[..], &["--json"]].concat());
+    assert_eq!(run.code, Some(3), "{}", run.output());
+    let events: Vec<Value> = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["event"] == "error"),
+        "{}",
+        run.output()
+    );
+    assert!(run.summary().is_none(), "{}", run.output());
 }

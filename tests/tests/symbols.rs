@@ -264,9 +264,6 @@ fn refusals_explain_themselves() {
     stderr_has(&run, "libtrig.so");
     stderr_has(&run, "libuser");
     stderr_has(&run, "--object");
-    let run = refusal(u.pid(), &["--symbol", "versioned"]);
-    stderr_has(&run, "versioned@V1");
-    stderr_has(&run, "versioned@@V2");
     let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
     stderr_has(&run, "IFUNC");
     stderr_has(&run, "lib_pick_fast");
@@ -486,7 +483,7 @@ fn a_versioned_name_picks_that_version() {
     let u = Target::start(&target_path("libuser"), &["common"]);
     let pid = u.pid().to_string();
     let mut offsets = Vec::new();
-    for version in ["versioned@V1", "versioned@@V2"] {
+    for version in ["versioned@V1", "versioned@@V2", "versioned"] {
         let mut a = Agent::start(&["--pid", &pid, "--symbol", version, "--json"]);
         a.wait_armed();
         let armed = a
@@ -505,8 +502,164 @@ fn a_versioned_name_picks_that_version() {
         let run = a.finish(Duration::from_secs(30));
         assert_eq!(run.code, Some(0), "{version}: {}", run.output());
     }
-    // Two versions, two functions.
+    // Two versions, two functions; a plain name is the default version (@@).
     assert_ne!(offsets[0], offsets[1], "{offsets:?}");
+    assert_eq!(offsets[2], offsets[1], "{offsets:?}");
+}
+
+#[test]
+fn an_instruction_the_kernel_cannot_probe_is_refused_before_anything_starts() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let run = refusal(t.pid(), &["--symbol", "trigger_int3"]);
+    stderr_has(&run, "`int3`");
+    stderr_has(&run, "--offset 1");
+    assert_no_perf_for(&run.out, "int3 refusal");
+    let run = refusal(t.pid(), &["--symbol", "trigger_lock"]);
+    stderr_has(&run, "lock");
+    // The next instruction (`ret`) can be probed.
+    let pid = t.pid().to_string();
+    let run = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger_int3",
+        "--offset",
+        "1",
+        "--duration",
+        "1s",
+    ])
+    .finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+}
+
+#[test]
+fn an_ifunc_is_probed_at_the_implementation_the_process_uses() {
+    // memcpy@@GLIBC_2.14 is an IFUNC; memcpy@GLIBC_2.2.5 a compatibility
+    // function that programs built today never call.
+    let mut t = Target::start(&target_path("ifunc"), &["bound", "20", "10"]);
+    let run = capture(&mut t, &["--symbol", "memcpy", "--object", "libc.so.6"]);
+    let s = run.summary().unwrap();
+    let seen = s["counters"]["seen"].as_u64().unwrap();
+    assert!(seen >= 20, "20 memcpy calls, {seen} seen\n{}", run.output());
+    let warning = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("\"event\":\"warning\"") && l.contains("IFUNC"))
+        .unwrap_or_else(|| panic!("no IFUNC note\n{}", run.output()));
+    assert!(warning.contains("GOT of"), "{warning}");
+    let armed = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("\"event\":\"armed\""))
+        .unwrap();
+    let armed: Value = serde_json::from_str(armed).unwrap();
+    let symbol = armed["symbol"].as_str().unwrap();
+    assert_ne!(symbol, "memcpy", "the resolver is not what runs: {armed}");
+    assert!(!symbol.contains("GLIBC_2.2.5"), "{armed}");
+}
+
+#[test]
+fn an_ifunc_whose_implementation_cannot_be_told_is_refused() {
+    // lib_pick is an IFUNC in libtrig.so that nothing imports or calls:
+    // no GOT slot of the process says which implementation it would use.
+    let u = Target::start(&target_path("libuser"), &["common"]);
+    let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
+    stderr_has(&run, "is a GNU indirect function (IFUNC)");
+    stderr_has(&run, "no module of the process has bound it yet");
+    stderr_has(&run, "lib_pick_fast");
+    // With --exe there is no process to read a GOT from.
+    let t = Target::start(&target_path("ifunc"), &["unbound"]);
+    let maps = fs::read_to_string(format!("/proc/{}/maps", t.pid())).unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .expect("libc.so.6 mapped")
+        .to_string();
+    let exe = target_path("ifunc").display().to_string();
+    let run = Agent::start(&["--exe", &exe, "--symbol", "memcpy", "--object", &libc])
+        .finish(Duration::from_secs(30));
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    stderr_has(&run, "no process to read it from (--exe)");
+    stderr_has(&run, "__memcpy_");
+}
+
+#[test]
+fn symbols_marks_ifuncs_and_their_resolvers() {
+    let t = Target::start(&target_path("ifunc"), &["unbound"]);
+    let (code, out) = symbols(t.pid(), "memcpy", true);
+    assert_eq!(code, 0, "{out}");
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let kind_of = |name: &str| {
+        rows.iter()
+            .find(|r| r["mangled"] == name)
+            .map(|r| r["kind"].clone())
+    };
+    assert_eq!(
+        kind_of("memcpy@@GLIBC_2.14"),
+        Some(Value::from("ifunc")),
+        "{out}"
+    );
+    assert!(
+        rows.iter().any(|r| r["kind"] == "ifunc resolver"),
+        "no resolver marked\n{out}"
+    );
+    let (_, table) = symbols(t.pid(), "memcpy", false);
+    assert!(table.contains("IFUNC"), "{table}");
+}
+
+#[test]
+fn an_object_path_not_yet_mapped_sees_every_call_across_dlopen_and_dlclose() {
+    // The agent arms before the library is mapped (the target waits for
+    // the go signal); the target then dlopens it and calls lib_trigger at
+    // once, 3 times 300 ms apart, dlcloses it, and does the same again.
+    let lib = target_path("libtrig.so").display().to_string();
+    let mut t = Target::start(&target_path("dlopener"), &["cycle", &lib, "2", "3", "300"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "lib_trigger",
+            "--object",
+            &lib,
+            "--wait-for-symbol",
+            "5s",
+        ],
+    );
+    let unmapped = t.proc.stdout().iter().filter(|l| *l == "unmapped").count();
+    assert_eq!(
+        unmapped,
+        2,
+        "dlclose did not unmap the library: {:?}",
+        t.proc.stdout()
+    );
+    let s = run.summary().unwrap();
+    assert_eq!(s["counters"]["seen"], 6, "{s}\n{}", run.output());
+    assert_eq!(run.hits().len(), 6, "{}", run.output());
+    let note = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("is not mapped by pid"))
+        .unwrap_or_else(|| panic!("no note about the unmapped file\n{}", run.output()));
+    assert!(note.contains("\"event\":\"warning\""), "{note}");
+}
+
+#[test]
+fn a_process_younger_than_a_second_gets_time_for_its_loader() {
+    // The library is mapped 500 ms after the target starts; the agent,
+    // started at once, has no --wait-for-symbol. The agent must look before
+    // the library is there (it looks ~100 ms after the target's start here):
+    // a loose bound, which only a machine 5 times slower would miss.
+    let lib = target_path("libtrig.so").display().to_string();
+    let mut t = Target::start(&target_path("dlopener"), &["late", &lib, "500", "5"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "lib_trigger", "-v"]);
+    agent.wait_armed();
+    t.go();
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    stderr_has(&run, "waiting up to 1 s for its loader");
+    assert_eq!(run.entries("hit").len(), 5, "{}", run.output());
 }
 
 /// Waits until a thread of the agent sleeps in `clock_nanosleep` (x86-64

@@ -10,7 +10,7 @@
 //! * perf (Debian: linux-perf);
 //! * gcc, g++ and binutils (the test crate builds C and C++ programs);
 //! * with `--with-test-deps`: what the tests also use (golang-go, sqlite3,
-//!   debootstrap, systemd, util-linux).
+//!   debootstrap, systemd, util-linux, libc6-dbg).
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
@@ -31,6 +31,9 @@ const TEST_PACKAGES: &[&str] = &[
     "debootstrap",
     "systemd",
     "util-linux",
+    // libc's debug info names the IFUNC implementations (__memmove_avx_*)
+    // that the IFUNC tests expect.
+    "libc6-dbg",
 ];
 
 /// Runs every step.

@@ -176,6 +176,72 @@ impl ElfObject {
         self.symbols_of(false, Table::DebugFile(self.path.clone()))
     }
 
+    /// Where this object's GOT holds the address of the function `name`
+    /// it imports: the ELF virtual addresses (`r_offset`) of its
+    /// `R_X86_64_JUMP_SLOT` and `R_X86_64_GLOB_DAT` relocations against
+    /// `name`. With `version`, an import bound to another version is left
+    /// out (an import without version information is kept).
+    pub fn imports(&self, name: &str, version: Option<&str>) -> Vec<u64> {
+        let Ok(f) = self.elf() else { return Vec::new() };
+        let e = f.endian();
+        let Some(relocs) = f.dynamic_relocations() else {
+            return Vec::new();
+        };
+        let symbols = f.elf_dynamic_symbol_table();
+        let versions = f
+            .elf_section_table()
+            .versions(e, &*self.data)
+            .ok()
+            .flatten();
+        let mut out = Vec::new();
+        for (offset, r) in relocs {
+            let object::RelocationFlags::Elf { r_type } = r.flags() else {
+                continue;
+            };
+            let object::RelocationTarget::Symbol(index) = r.target() else {
+                continue;
+            };
+            if r_type != elf::R_X86_64_JUMP_SLOT && r_type != elf::R_X86_64_GLOB_DAT {
+                continue;
+            }
+            let Ok(sym) = symbols.symbol(index) else {
+                continue;
+            };
+            if sym.name(e, symbols.strings()).ok() != Some(name.as_bytes()) {
+                continue;
+            }
+            let bound = versions
+                .as_ref()
+                .and_then(|v| v.version(v.version_index(e, index)).ok().flatten())
+                .map(|v| v.name());
+            if let (Some(want), Some(got)) = (version, bound)
+                && want.as_bytes() != got
+            {
+                continue;
+            }
+            out.push(offset);
+        }
+        out
+    }
+
+    /// The GOT slots (ELF virtual addresses) of this object's own calls to
+    /// the IFUNC whose resolver is at `resolver`: its `R_X86_64_IRELATIVE`
+    /// relocations with that addend, which the loader always binds at load
+    /// time.
+    pub fn irelative_slots(&self, resolver: u64) -> Vec<u64> {
+        let Ok(f) = self.elf() else { return Vec::new() };
+        let Some(relocs) = f.dynamic_relocations() else {
+            return Vec::new();
+        };
+        relocs
+            .filter(|(_, r)| {
+                matches!(r.flags(), object::RelocationFlags::Elf { r_type } if r_type == elf::R_X86_64_IRELATIVE)
+                    && u64::try_from(r.addend()).ok() == Some(resolver)
+            })
+            .map(|(offset, _)| offset)
+            .collect()
+    }
+
     fn symbols_of(&self, dynamic: bool, table: Table) -> Vec<ElfSymbol> {
         let Ok(f) = self.elf() else { return Vec::new() };
         let e = f.endian();

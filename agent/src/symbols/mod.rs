@@ -9,16 +9,24 @@
 //! * In each object, look in `.symtab`, then `.dynsym`, then separate debug
 //!   info (by build-id or `.gnu_debuglink`).
 //! * Names match raw, versioned (`foo@@V2` as `foo`), or demangled (C++ with
-//!   or without parameters, Rust with or without hash).
+//!   or without parameters, Rust with or without hash). A plain name prefers
+//!   an object's default version (`@@`) over its compatibility ones (`@`).
 //! * Exactly one function must match. Compiler clones are never picked
-//!   silently; data symbols and IFUNCs are refused with a reason.
+//!   silently; data symbols are refused with a reason. An IFUNC is followed
+//!   to the implementation the process uses ([`ifunc`]), or refused.
+//! * `--object PATH` of a file not mapped yet is probed in the file itself
+//!   ([`unmapped`]).
 //! * The file offset comes from the LOAD program header containing the
 //!   symbol, not from section headers.
+//! * The probed instruction must be one the kernel can place a uprobe on
+//!   ([`insn::uprobe_refusal`]).
 
 pub mod elf;
+mod ifunc;
 pub mod insn;
 pub mod maps;
 pub mod names;
+mod unmapped;
 
 use std::{
     cell::OnceCell,
@@ -222,9 +230,27 @@ fn open_views(pid: i32, object: Option<&str>) -> Result<Vec<View>, ResolveError>
     Ok(selected.into_iter().filter_map(View::open).collect())
 }
 
+/// Refuses a query that names nothing: `--symbol ''` (exit code 2).
+fn check_query(q: &Query) -> Result<(), Failure> {
+    match &q.symbol {
+        Some(s) if s.trim().is_empty() => Err(Failure::usage(
+            "--symbol is empty; give the name of a function (`mt-agent symbols --pid N PATTERN` \
+             lists them)",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Finds the probe point for `q` in process `pid`.
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
-    let views = open_views(pid, q.object.as_deref())?;
+    check_query(q).map_err(ResolveError::Other)?;
+    let views = match open_views(pid, q.object.as_deref()) {
+        Err(ResolveError::NotFound(f)) => {
+            return unmapped::resolve(pid, q).unwrap_or(Err(ResolveError::NotFound(f)));
+        }
+        views => views?,
+    };
+    let mut note = None;
     let (view, function, probe_offset) = match (&q.symbol, q.address) {
         (_, Some(addr)) => {
             let (v, f, off) = by_address(pid, &views, addr)?;
@@ -240,8 +266,9 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
             (v, f, off)
         }
         (Some(sym), None) => {
-            let (v, f) = by_name(pid, &views, sym)?;
-            (v, f, q.offset.unwrap_or(0))
+            let p = by_name(pid, &views, sym)?;
+            note = p.note;
+            (p.view, p.function, q.offset.unwrap_or(0))
         }
         (None, None) => {
             return Err(ResolveError::Other(Failure::usage(
@@ -249,7 +276,9 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
             )));
         }
     };
-    finish(pid, view, function, probe_offset)
+    let mut r = finish(pid, view, function, probe_offset)?;
+    r.notes.extend(note);
+    Ok(r)
 }
 
 /// Finds the probe point for `q` in the file `path` itself, with no running
@@ -257,6 +286,7 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
 /// probe instead. Errors (exit code 2) as for [`resolve`].
 pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
     use std::os::unix::fs::MetadataExt as _;
+    check_query(q)?;
     if q.address.is_some() {
         return Err(Failure::usage(
             "--address needs a running process to translate; with --exe, use --symbol and --offset",
@@ -295,57 +325,105 @@ pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Fai
     let Some(sym) = q.symbol.as_deref() else {
         return Err(Failure::usage("give --symbol NAME"));
     };
-    let (v, f) = by_name(0, &views, sym).map_err(Failure::from)?;
-    finish(0, v, f, q.offset.unwrap_or(0)).map_err(Failure::from)
+    let p = by_name(0, &views, sym).map_err(Failure::from)?;
+    finish(0, p.view, p.function, q.offset.unwrap_or(0)).map_err(Failure::from)
 }
 
+/// A process younger than this is probably still being set up by its
+/// dynamic loader.
+const YOUNG: Duration = Duration::from_secs(1);
+
 /// Like [`resolve`], but while nothing matches, polls the target's mappings
-/// every 100 ms for up to `wait` (a library still to be dlopen'ed).
-pub fn resolve_waiting(pid: i32, q: &Query, wait: Option<Duration>) -> Result<Resolution, Failure> {
+/// every 100 ms for up to `wait` (a library still to be dlopen'ed). Without
+/// `wait`, a process younger than 1 s gets 1 s: its loader may not have
+/// mapped its libraries yet. `log` gets the -v line saying so.
+pub fn resolve_waiting(
+    pid: i32,
+    q: &Query,
+    wait: Option<Duration>,
+    log: &dyn Fn(&str),
+) -> Result<Resolution, Failure> {
+    let young = if wait.is_none() {
+        crate::target::age(pid).filter(|a| *a < YOUNG)
+    } else {
+        None
+    };
+    let wait = wait.or(young.map(|_| YOUNG));
     let deadline = wait.map(|w| Instant::now() + w);
+    let mut logged = false;
     loop {
-        match resolve(pid, q) {
+        let f = match resolve(pid, q) {
             Ok(r) => return Ok(r),
-            Err(ResolveError::NotFound(f)) => match deadline {
-                Some(d) if Instant::now() < d => {
-                    if !crate::target::is_alive(pid) {
-                        return Err(Failure::usage(format!(
-                            "pid {pid} exited while waiting for the symbol to be mapped"
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Some(_) => {
-                    let mut f = f;
-                    f.message = format!(
-                        "{} (waited {})",
-                        f.message,
-                        humantime::format_duration(wait.unwrap_or_default())
-                    );
-                    return Err(f);
-                }
-                None => return Err(f),
-            },
             Err(ResolveError::Other(f)) => return Err(f),
+            Err(ResolveError::NotFound(f)) => f,
+        };
+        match (deadline, young) {
+            (Some(d), _) if Instant::now() < d => {
+                if !crate::target::is_alive(pid) {
+                    return Err(Failure::usage(format!(
+                        "pid {pid} exited while waiting for the symbol to be mapped"
+                    )));
+                }
+                if let (Some(age), false) = (young, logged) {
+                    logged = true;
+                    log(&format!(
+                        "pid {pid} started {} ms ago and the symbol is not mapped yet: waiting up \
+                         to 1 s for its loader (--wait-for-symbol waits longer)",
+                        age.as_millis()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (Some(_), _) => {
+                let mut f = f;
+                let how = if young.is_some() {
+                    " for the loader of a process started less than 1 s ago"
+                } else {
+                    ""
+                };
+                f.message = format!(
+                    "{} (waited {}{how})",
+                    f.message,
+                    humantime::format_duration(wait.unwrap_or_default())
+                );
+                return Err(f);
+            }
+            (None, _) => return Err(f),
         }
     }
 }
 
-fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resolution, ResolveError> {
-    let body = v.bytes(&f);
+/// Refuses a probe point past the function's end, off an instruction
+/// boundary, or on an instruction the kernel cannot probe (exit code 2).
+fn check_probe_point(f: &Function, body: &[u8], probe_offset: u64) -> Result<(), Failure> {
     if probe_offset >= f.size.max(1) {
-        return Err(ResolveError::Other(Failure::usage(format!(
+        return Err(Failure::usage(format!(
             "--offset {probe_offset} is past the end of {} ({} bytes); give an offset inside it",
             f.demangled, f.size
-        ))));
+        )));
     }
-    if !insn::is_boundary(&body, probe_offset) {
-        return Err(ResolveError::Other(Failure::usage(format!(
+    if !insn::is_boundary(body, probe_offset) {
+        return Err(Failure::usage(format!(
             "offset {probe_offset:#x} into {} is not an instruction boundary; a probe there \
              would corrupt the target. Pick a boundary from `objdump -d`",
             f.demangled
-        ))));
+        )));
     }
+    if let Some((insn, why)) = insn::uprobe_refusal(&body[probe_offset as usize..]) {
+        let next = probe_offset + insn::length(&body[probe_offset as usize..]).max(1) as u64;
+        return Err(Failure::usage(format!(
+            "{}+{probe_offset:#x} is `{insn}`, which a uprobe cannot be placed on: {why} \
+             (ENOTSUPP); probe another instruction, e.g. --offset {next} (a boundary from \
+             `objdump -d`)",
+            f.demangled
+        )));
+    }
+    Ok(())
+}
+
+fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resolution, ResolveError> {
+    let body = v.bytes(&f);
+    check_probe_point(&f, &body, probe_offset).map_err(ResolveError::Other)?;
     let attach_offset = f.file_offset + probe_offset;
     let cost = insn::cost_hint(&body[probe_offset as usize..], f.elf_address + probe_offset);
     let mut notes = Vec::new();
@@ -416,15 +494,57 @@ struct Candidate<'a> {
     how: NameMatch,
 }
 
-fn by_name<'a>(
-    pid: i32,
-    views: &'a [View],
-    query: &'a str,
-) -> Result<(&'a View, Function), ResolveError> {
+/// What [`by_name`] picked: the function, and a note on how (an IFUNC's
+/// implementation).
+struct Picked<'a> {
+    view: &'a View,
+    function: Function,
+    note: Option<String>,
+}
+
+/// Finds the one function `query` names. A plain name prefers an object's
+/// default version (`@@`) over its compatibility versions (`@`); an IFUNC
+/// is followed to the implementation the process uses ([`ifunc`]).
+fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>, ResolveError> {
+    let found = prefer_default_version(candidates(pid, views, query), query);
+    let callable = distinct(found.iter().filter(|c| {
+        c.how == NameMatch::Exact
+            && (c.sym.kind == SymKind::Ifunc || (c.sym.kind == SymKind::Func && c.sym.size > 0))
+    }));
+    match callable.len() {
+        0 => Err(nothing_callable(pid, views, &found, query)),
+        1 if callable[0].sym.kind == SymKind::Ifunc => ifunc::implementation(pid, callable[0]),
+        1 => {
+            let c = callable[0];
+            let function = c.view.function(c.sym).ok_or_else(|| {
+                ResolveError::Other(Failure::usage(format!(
+                    "{query} at {:#x} in {} is outside every LOAD segment; it cannot be probed",
+                    c.sym.value,
+                    c.view.label()
+                )))
+            })?;
+            Ok(Picked {
+                view: c.view,
+                function,
+                note: None,
+            })
+        }
+        n => Err(ResolveError::Other(
+            Failure::usage(format!(
+                "{query} matches {n} functions; pick one with --object PATH|NAME \
+                 (or give the full mangled or versioned name)"
+            ))
+            .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
+        )),
+    }
+}
+
+/// The symbols whose name matches `query`, per object: `.symtab`, then
+/// `.dynsym`, then the debug file, stopping at the first table of an object
+/// that has the function itself.
+fn candidates<'a>(pid: i32, views: &'a [View], query: &'a str) -> Vec<Candidate<'a>> {
     let mut found: Vec<Candidate<'a>> = Vec::new();
     for v in views {
-        // .symtab, then .dynsym, then the debug file: stop at the first
-        // table of this object that has the function itself.
         let start = found.len();
         let has_exact =
             |found: &[Candidate<'_>]| found[start..].iter().any(|c| c.how == NameMatch::Exact);
@@ -438,80 +558,70 @@ fn by_name<'a>(
             found.extend(matching(v, &v.debug(pid).0, query));
         }
     }
+    found
+}
 
-    let exact_funcs =
-        distinct(found.iter().filter(|c| {
-            c.how == NameMatch::Exact && c.sym.kind == SymKind::Func && c.sym.size > 0
-        }));
-    match exact_funcs.len() {
-        1 => {
-            let c = exact_funcs[0];
-            let f = c.view.function(c.sym).ok_or_else(|| {
-                ResolveError::Other(Failure::usage(format!(
-                    "{query} at {:#x} in {} is outside every LOAD segment; it cannot be probed",
-                    c.sym.value,
-                    c.view.label()
-                )))
-            })?;
-            return Ok((c.view, f));
-        }
-        n if n > 1 => {
-            return Err(ResolveError::Other(
-                Failure::usage(format!(
-                    "{query} matches {n} functions; pick one with --object PATH|NAME \
-                     (or give the full mangled or versioned name)"
-                ))
-                .with_detail(exact_funcs.iter().map(|c| listing_line(c.view, c.sym))),
-            ));
-        }
-        _ => {}
+/// For a name without a version: drops an object's compatibility versions
+/// (`memcpy@GLIBC_2.2.5`) when the same object has the default version
+/// (`memcpy@@GLIBC_2.14`), which is what programs linked today call.
+fn prefer_default_version<'a>(found: Vec<Candidate<'a>>, query: &str) -> Vec<Candidate<'a>> {
+    if names::strip_version(query) != query {
+        return found;
     }
+    let is_default = |c: &Candidate<'_>| c.sym.name.contains("@@");
+    let is_compat = |c: &Candidate<'_>| c.sym.name.contains('@') && !is_default(c);
+    let defaults: Vec<*const View> = found
+        .iter()
+        .filter(|c| c.how == NameMatch::Exact && is_default(c))
+        .map(|c| std::ptr::from_ref(c.view))
+        .collect();
+    found
+        .into_iter()
+        .filter(|c| !(is_compat(c) && defaults.contains(&std::ptr::from_ref(c.view))))
+        .collect()
+}
 
-    let exact = |kind: SymKind| -> Vec<&Candidate<'a>> {
+/// Why nothing callable matched: a data symbol, an empty function, only
+/// compiler clones, or nothing at all (which may still be loaded later).
+fn nothing_callable(
+    pid: i32,
+    views: &[View],
+    found: &[Candidate<'_>],
+    query: &str,
+) -> ResolveError {
+    let exact = |kind: SymKind| {
         found
             .iter()
-            .filter(|c| c.how == NameMatch::Exact && c.sym.kind == kind)
-            .collect()
+            .find(|c| c.how == NameMatch::Exact && c.sym.kind == kind)
     };
-    if let Some(c) = exact(SymKind::Ifunc).first() {
-        let candidates = ifunc_candidates(c.view, names::strip_version(&c.sym.name));
-        return Err(ResolveError::Other(
-            Failure::usage(format!(
-                "{query} in {} is a GNU indirect function (IFUNC): its resolver picks an \
-                 implementation at run time; probe one of the implementations below by name",
-                c.view.label()
-            ))
-            .with_detail(candidates),
-        ));
-    }
-    if let Some(c) = exact(SymKind::Data).first() {
-        return Err(ResolveError::Other(Failure::usage(format!(
+    if let Some(c) = exact(SymKind::Data) {
+        return ResolveError::Other(Failure::usage(format!(
             "{query} in {} is a data symbol, not a function; give a function name \
              (`mt-agent symbols --pid {pid} PATTERN` lists them)",
             c.view.label()
-        ))));
+        )));
     }
-    if let Some(c) = exact(SymKind::Func).first() {
-        return Err(ResolveError::Other(Failure::usage(format!(
+    if let Some(c) = exact(SymKind::Func) {
+        return ResolveError::Other(Failure::usage(format!(
             "{query} in {} has size 0 (no body); give a function with code",
             c.view.label()
-        ))));
+        )));
     }
     let clones =
         distinct(found.iter().filter(|c| {
             c.how == NameMatch::Clone && c.sym.kind == SymKind::Func && c.sym.size > 0
         }));
-    if !clones.is_empty() {
-        return Err(ResolveError::Other(
+    if let Some(first) = clones.first() {
+        return ResolveError::Other(
             Failure::usage(format!(
                 "{query} has no body of its own; the compiler made the clones below. \
                  Probe one by its full name (e.g. --symbol '{}')",
-                clones[0].sym.name
+                first.sym.name
             ))
             .with_detail(clones.iter().map(|c| listing_line(c.view, c.sym))),
-        ));
+        );
     }
-    Err(ResolveError::NotFound(not_found(pid, views, query)))
+    ResolveError::NotFound(not_found(pid, views, query))
 }
 
 fn matching<'a>(
@@ -544,34 +654,18 @@ fn listing_line(v: &View, s: &ElfSymbol) -> String {
     let addr = elf::vaddr_to_offset(&v.segments, s.value)
         .and_then(|off| v.runtime_address(off))
         .unwrap_or(s.value);
+    let ifunc = if s.kind == SymKind::Ifunc {
+        " (IFUNC)"
+    } else {
+        ""
+    };
     format!(
-        "{}  [{}]  in {}  at {addr:#x} ({} bytes)",
+        "{}{ifunc}  [{}]  in {}  at {addr:#x} ({} bytes)",
         SymbolName::new(&s.name).demangled,
         s.name,
         v.label(),
         s.size
     )
-}
-
-fn ifunc_candidates(v: &View, name: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for s in v.symtab().iter().chain(v.dynsym()) {
-        let base = names::strip_version(&s.name);
-        if s.kind == SymKind::Func
-            && s.size > 0
-            && base != name
-            && (base.starts_with(&format!("__{name}_")) || base.starts_with(&format!("{name}_")))
-            && !out.iter().any(|o| o.starts_with(base))
-        {
-            out.push(format!("{base}  ({} bytes)", s.size));
-        }
-    }
-    out.sort();
-    if out.is_empty() {
-        out.push("(no implementations found by name; see `mt-agent symbols`)".into());
-    }
-    out.truncate(20);
-    out
 }
 
 fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
@@ -665,11 +759,15 @@ pub struct Listed {
     pub elf_address: u64,
     pub size: u64,
     pub table: &'static str,
+    /// `function`, `ifunc` (a GNU indirect function: its address is its
+    /// resolver's) or `ifunc resolver`.
+    pub kind: &'static str,
     pub cost: Option<CostHint>,
 }
 
 /// Lists the functions whose raw or demangled name contains `pattern`,
-/// across the target's mapped objects (or the one `object` selects).
+/// across the target's mapped objects (or the one `object` selects), with
+/// IFUNCs and their resolvers marked.
 pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec<Listed>, Failure> {
     let views = open_views(pid, object).map_err(Failure::from)?;
     let mut out = Vec::new();
@@ -681,35 +779,137 @@ pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec
         } else {
             vec![v.symtab(), v.dynsym()]
         };
-        for table in tables {
-            for s in table
-                .iter()
-                .filter(|s| s.kind == SymKind::Func && s.size > 0)
+        let resolvers: std::collections::HashSet<u64> = tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .filter(|s| s.kind == SymKind::Ifunc)
+            .map(|s| s.value)
+            .collect();
+        for s in tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .filter(|s| (s.kind == SymKind::Func || s.kind == SymKind::Ifunc) && s.size > 0)
+        {
+            let n = SymbolName::new(&s.name);
+            if let Some(p) = pattern
+                && !s.name.contains(p)
+                && !n.demangled.contains(p)
             {
-                let n = SymbolName::new(&s.name);
-                if let Some(p) = pattern
-                    && !s.name.contains(p)
-                    && !n.demangled.contains(p)
-                {
-                    continue;
-                }
-                if !seen.insert(s.value) {
-                    continue;
-                }
-                let Some(f) = v.function(s) else { continue };
-                let bytes = v.bytes(&f);
-                out.push(Listed {
-                    demangled: n.demangled,
-                    mangled: s.name.clone(),
-                    object: v.mapped.path.clone(),
-                    address: v.runtime_address(f.file_offset).unwrap_or(s.value),
-                    elf_address: s.value,
-                    size: s.size,
-                    table: s.table.label(),
-                    cost: insn::cost_hint(&bytes, s.value),
-                });
+                continue;
             }
+            let kind = match s.kind {
+                SymKind::Ifunc => "ifunc",
+                _ if resolvers.contains(&s.value) => "ifunc resolver",
+                _ => "function",
+            };
+            if !seen.insert((s.value, kind)) {
+                continue;
+            }
+            let Some(f) = v.function(s) else { continue };
+            let bytes = v.bytes(&f);
+            out.push(Listed {
+                demangled: n.demangled,
+                mangled: s.name.clone(),
+                object: v.mapped.path.clone(),
+                address: v.runtime_address(f.file_offset).unwrap_or(s.value),
+                elf_address: s.value,
+                size: s.size,
+                table: s.table.label(),
+                kind,
+                cost: insn::cost_hint(&bytes, s.value),
+            });
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use elf::Table;
+
+    fn own_view() -> View {
+        let exe = std::env::current_exe().unwrap();
+        View::open(MappedObject {
+            path: exe.clone(),
+            open_path: exe,
+            inode: 0,
+            deleted: false,
+            is_main: true,
+            mappings: Vec::new(),
+        })
+        .unwrap()
+    }
+
+    fn func(name: &str) -> ElfSymbol {
+        ElfSymbol {
+            name: name.into(),
+            value: 0x1000,
+            size: 16,
+            kind: SymKind::Func,
+            table: Table::Dynsym,
+        }
+    }
+
+    #[test]
+    fn a_plain_name_prefers_the_default_version_of_each_object() {
+        let (libc, other) = (own_view(), own_view());
+        let both = [func("memcpy@GLIBC_2.2.5"), func("memcpy@@GLIBC_2.14")];
+        let compat_only = [func("memcpy@GLIBC_2.2.5")];
+        let found = || {
+            vec![
+                Candidate {
+                    view: &libc,
+                    sym: &both[0],
+                    how: NameMatch::Exact,
+                },
+                Candidate {
+                    view: &libc,
+                    sym: &both[1],
+                    how: NameMatch::Exact,
+                },
+                Candidate {
+                    view: &other,
+                    sym: &compat_only[0],
+                    how: NameMatch::Exact,
+                },
+            ]
+        };
+        let names = |cs: Vec<Candidate<'_>>| -> Vec<String> {
+            cs.iter().map(|c| c.sym.name.clone()).collect()
+        };
+        // The compatibility version goes only where a default one exists.
+        assert_eq!(
+            names(prefer_default_version(found(), "memcpy")),
+            ["memcpy@@GLIBC_2.14", "memcpy@GLIBC_2.2.5"]
+        );
+        assert!(std::ptr::eq(
+            prefer_default_version(found(), "memcpy")[1].view,
+            &other
+        ));
+        // A versioned query keeps what it matched.
+        assert_eq!(
+            prefer_default_version(found(), "memcpy@GLIBC_2.2.5").len(),
+            3
+        );
+    }
+
+    #[test]
+    fn an_empty_name_is_refused() {
+        for name in ["", "  "] {
+            let q = Query {
+                symbol: Some(name.into()),
+                ..Query::default()
+            };
+            let e = check_query(&q).unwrap_err();
+            assert!(e.message.contains("--symbol is empty"), "{}", e.message);
+        }
+        assert!(
+            check_query(&Query {
+                symbol: Some("f".into()),
+                ..Query::default()
+            })
+            .is_ok()
+        );
+    }
 }
