@@ -22,7 +22,7 @@ use std::{
     fs,
     os::fd::{AsFd, BorrowedFd},
     path::PathBuf,
-    sync::{Arc, OnceLock, mpsc},
+    sync::{Arc, Mutex, OnceLock, mpsc},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -146,6 +146,8 @@ pub struct Setup {
     pub verbose: bool,
     pub rt_priority: Option<i32>,
     pub reader_delay: Option<Duration>,
+    /// `--max-disk`, shared by every recorder.
+    pub keeper: Option<Arc<Mutex<crate::budget::Keeper>>>,
 }
 
 /// The main thread's handle on the driver.
@@ -475,6 +477,7 @@ impl Driver {
             policy,
             self.s.reporter.clone(),
             self.counters.clone(),
+            self.s.keeper.clone(),
         )?;
         let slot = self
             .slots
@@ -738,6 +741,7 @@ impl Driver {
                 duration_ns: at_return.then_some(hit.duration_ns),
                 retval: at_return.then_some(hit.retval),
                 merged: false,
+                starts_before_samples: false,
             };
             let key = (hit.trigger, hit.tgid as i32);
             match self.by_target.get(&key).copied() {

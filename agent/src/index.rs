@@ -26,6 +26,7 @@ use serde::Serialize;
 
 use crate::{
     error::Failure,
+    perf_data::SampleSpan,
     probe::CounterValues,
     trigger::{IndexedHit, Snapshot, SnapshotKind},
 };
@@ -224,6 +225,10 @@ pub struct Entry<'a> {
     pub counters: CounterValues,
     /// Hits merged into snapshots so far.
     pub merged: u64,
+    /// Samples in the file and the times of the first and last, on the
+    /// hits' clock (absent when the file could not be read).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub span: Option<SampleSpan>,
 }
 
 impl Index {
@@ -249,6 +254,7 @@ impl Index {
         bytes: u64,
         counters: CounterValues,
         merged: u64,
+        span: Option<SampleSpan>,
     ) -> io::Result<()> {
         self.line(&Entry {
             kind: s.kind,
@@ -259,6 +265,7 @@ impl Index {
             unlisted_hits: s.unlisted_hits,
             counters,
             merged,
+            span,
         })
     }
 
@@ -341,7 +348,7 @@ mod tests {
             hit_to_kill_ns: None,
             unlisted_hits: 0,
         };
-        idx.snapshot(&snap, 10, CounterValues::default(), 0)
+        idx.snapshot(&snap, 10, CounterValues::default(), 0, None)
             .unwrap();
         idx.deleted("perf.data.1").unwrap();
         let text = fs::read_to_string(idx.path()).unwrap();

@@ -17,6 +17,7 @@
 //! * [`check`]: `mt-agent check`, the preflight;
 //! * [`list`]: `mt-agent symbols`.
 
+mod budget;
 mod caps;
 mod check;
 mod cli;
@@ -28,6 +29,7 @@ mod index;
 mod list;
 mod output;
 mod perf;
+mod perf_data;
 mod probe;
 mod recorder;
 mod session;

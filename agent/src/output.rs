@@ -17,6 +17,7 @@ use serde_json::json;
 
 use crate::{
     error::Failure,
+    perf_data::SampleSpan,
     probe::CounterValues,
     symbols::insn::CostHint,
     trigger::{IndexedHit, SnapshotKind, Stats},
@@ -52,6 +53,21 @@ pub struct Armed {
     pub time_to_armed_ms: f64,
     /// From spawning perf to its first acked `ping`, ms.
     pub perf_ready_ms: f64,
+    /// `continuous` or `flight-recorder`.
+    pub recording: &'static str,
+    /// Flight recorder: bytes of each of perf's rings (one per CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flight_ring_bytes: Option<u64>,
+}
+
+impl Armed {
+    /// How perf keeps samples, in words.
+    fn recording_words(&self) -> String {
+        match self.flight_ring_bytes {
+            Some(b) => format!("in a flight recorder of {} KiB per CPU", b / 1024),
+            None => "continuously".into(),
+        }
+    }
 }
 
 /// One completed snapshot, as printed (the index has the same fields).
@@ -70,6 +86,9 @@ pub struct SnapshotEvent<'a> {
     /// Merged hits not listed (beyond 100 per snapshot).
     #[serde(skip_serializing_if = "is_zero")]
     pub unlisted_hits: u64,
+    /// Samples in the file, and the times of the first and last.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub span: Option<SampleSpan>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -163,20 +182,22 @@ impl Reporter {
         match (a.pid, a.perf_pid, &a.exe) {
             (Some(pid), Some(perf_pid), _) => self.print(&format!(
                 "armed in {:.0} ms (perf ready in {:.0} ms): perf (pid {perf_pid}) records pid {pid} \
-                 with {} at {} Hz; {probes}; writing to {}",
+                 with {} at {} Hz {}; {probes}; writing to {}",
                 a.time_to_armed_ms,
                 a.perf_ready_ms,
                 a.event,
                 a.freq,
+                a.recording_words(),
                 a.output.display()
             )),
             (_, _, exe) => self.print(&format!(
                 "armed in {:.0} ms: {probes}, for every process running {}; one perf per process \
-                 ({} at {} Hz) writing to {}/<pid>",
+                 ({} at {} Hz {}) writing to {}/<pid>",
                 a.time_to_armed_ms,
                 exe.as_deref().unwrap_or(&a.object).display(),
                 a.event,
                 a.freq,
+                a.recording_words(),
                 a.output.display()
             )),
         }

@@ -12,17 +12,19 @@ use std::{
     fs,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::PathBuf,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
 use nix::sys::signal::Signal;
 
 use crate::{
+    budget::Keeper,
     error::Failure,
     index::{Index, OutputDir},
     output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
+    perf_data::{self, SampleSpan},
     probe::{CounterValues, Counters},
     target,
     trigger::{Action, IndexedHit, Policy, Snapshot, Stats, Trigger},
@@ -124,6 +126,8 @@ pub struct Recorder {
     spin: SpinDetector,
     next_sample: Instant,
     exited: bool,
+    /// `--max-disk`, shared by every recorder of the run.
+    keeper: Option<Arc<Mutex<Keeper>>>,
 }
 
 impl Recorder {
@@ -139,6 +143,7 @@ impl Recorder {
         policy: Policy,
         reporter: Arc<Reporter>,
         counters: Arc<OnceLock<Counters>>,
+        keeper: Option<Arc<Mutex<Keeper>>>,
     ) -> Result<Self, Failure> {
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
@@ -159,6 +164,9 @@ impl Recorder {
             .map_err(|e| Failure::runtime(format!("starting perf: {e:#}")))?;
         // perf answers only from its main loop: an ack means SIGUSR2 works.
         let _ = perf.ping();
+        if let Some(k) = &keeper {
+            lock(k).own(&dir);
+        }
         Ok(Self {
             trigger,
             tgid,
@@ -185,6 +193,7 @@ impl Recorder {
             spin: SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
             exited: false,
+            keeper,
         })
     }
 
@@ -449,7 +458,7 @@ impl Recorder {
 
     /// Writes a completed snapshot to the index, with the kernel's counters
     /// of this trigger at that moment.
-    fn index(&mut self, snap: Snapshot) {
+    fn index(&mut self, mut snap: Snapshot) {
         if self.indexed.contains(&snap.file) {
             // perf names files by wall-clock time, so a clock stepped back
             // (NTP, an operator) can reuse a name; `rename()` then replaced
@@ -472,7 +481,9 @@ impl Recorder {
             .map(|c| c.read(self.trigger))
             .unwrap_or_default();
         let merged = self.machine.stats().merged;
-        if let Err(e) = self.index.snapshot(&snap, bytes, counters, merged) {
+        let span = read_span(&path);
+        mark_calls_before(&mut snap, span);
+        if let Err(e) = self.index.snapshot(&snap, bytes, counters, merged, span) {
             self.index_failed(e);
         }
         self.output.keep();
@@ -488,8 +499,13 @@ impl Recorder {
             hits: &snap.hits,
             hit_to_kill_ns: snap.hit_to_kill_ns,
             unlisted_hits: snap.unlisted_hits,
+            span,
         });
-        // perf's --switch-max-files (from --keep) deletes the oldest files.
+        if let Some(k) = &self.keeper {
+            lock(k).enforce(&self.dir, &snap.file);
+        }
+        // perf's --switch-max-files (from --keep) and --max-disk delete the
+        // oldest files.
         let dir = &self.dir;
         let (kept, gone): (Vec<String>, Vec<String>) = std::mem::take(&mut self.listed)
             .into_iter()
@@ -542,6 +558,9 @@ impl Recorder {
                 .filter(|a| matches!(a, Action::Index(_)))
                 .collect();
             self.apply(actions);
+        }
+        if let Some(k) = &self.keeper {
+            lock(k).release(&self.dir);
         }
         if self.ready_at.is_none() && self.snapshots == 0 {
             // perf never started recording: its half-made perf.data is not a
@@ -613,6 +632,31 @@ impl Recorder {
             perf_cpu,
         }
     }
+}
+
+/// The samples of a completed snapshot file (`None`, logged, when it cannot
+/// be read).
+fn read_span(path: &std::path::Path) -> Option<SampleSpan> {
+    perf_data::sample_span(path)
+        .inspect_err(|e| log::debug!("reading the samples of {}: {e:#}", path.display()))
+        .ok()
+        .flatten()
+}
+
+/// Marks the `--slower-than` hits whose call began before the file's oldest
+/// sample.
+fn mark_calls_before(snap: &mut Snapshot, span: Option<SampleSpan>) {
+    for h in &mut snap.hits {
+        if let Some(d) = h.duration_ns {
+            let start = h.ktime_ns.saturating_sub(d);
+            h.starts_before_samples = span.is_none_or(|s| s.starts_after(start));
+        }
+    }
+}
+
+/// The budget keeper, even if a panic poisoned its lock.
+fn lock(k: &Mutex<Keeper>) -> std::sync::MutexGuard<'_, Keeper> {
+    k.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The failure for a perf that exited before it was ready: bad arguments

@@ -9,7 +9,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -21,15 +21,16 @@ use tokio::{
 };
 
 use crate::{
+    budget::{BudgetScope, DiskBudget, Keeper},
     caps, check,
-    cli::{RunArgs, check_perf_args},
+    cli::{RunArgs, check_perf_args, parse_size},
     conditions::{Filters, trigger_config},
     config,
     driver::{self, Command, Event, Setup, TriggerSetup, Watch},
     error::{ExitCode, Failure},
     index::{self, OutputDir},
     output::{Armed, Reporter, Summary},
-    perf::{self, PerfSpec},
+    perf::{self, PerfSpec, Recording},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
     recorder::EndReason,
     symbols::{self, Query, Resolution, insn},
@@ -74,9 +75,54 @@ struct RunSettings {
     keep: Option<u32>,
     perf_args: Vec<String>,
     max_targets: u64,
+    /// How perf keeps samples between snapshots.
+    recording: Recording,
+    /// Disk budget, bytes, and what it covers.
+    max_disk: Option<DiskBudget>,
 }
 
-fn from_cli(args: &RunArgs) -> (RunSettings, Vec<TriggerArgs>) {
+/// Size of each flight-recorder ring unless told otherwise, bytes: at 999 Hz
+/// a sample with perf's deepest default stack (127 frames) is about 1 KiB, so
+/// one busy CPU fills ~1 MB/s and 2 MiB holds about two seconds
+/// (docs/flight-recorder.md).
+const DEFAULT_FLIGHT_RING: u64 = 2 << 20;
+
+/// Chooses the recording mode: `--continuous`/`--flight-recorder` (or the
+/// config's `recording`) win; otherwise `--pid` runs record continuously and
+/// `--exe` and `--config` runs use the flight recorder (README, "Recording").
+fn recording_mode(
+    flight: bool,
+    continuous: bool,
+    named: Option<&str>,
+    pid_run: bool,
+    ring: Option<u64>,
+) -> Result<Recording, Failure> {
+    let flight = match (flight, continuous, named) {
+        (true, _, _) => true,
+        (_, true, _) => false,
+        (_, _, Some("flight-recorder")) => true,
+        (_, _, Some("continuous")) => false,
+        (_, _, Some(other)) => {
+            return Err(Failure::usage(format!(
+                "recording = {other:?}: use \"flight-recorder\" or \"continuous\""
+            )));
+        }
+        (_, _, None) => !pid_run,
+    };
+    if !flight {
+        if ring.is_some() {
+            return Err(Failure::usage(
+                "--flight-ring applies to the flight recorder; add --flight-recorder or drop it",
+            ));
+        }
+        return Ok(Recording::Continuous);
+    }
+    Ok(Recording::FlightRecorder {
+        ring_pages: perf::ring_pages(ring.unwrap_or(DEFAULT_FLIGHT_RING)),
+    })
+}
+
+fn from_cli(args: &RunArgs) -> Result<(RunSettings, Vec<TriggerArgs>), Failure> {
     let watch = match (&args.pid, &args.exe) {
         (Some(pid), _) => WatchArg::Pid(*pid),
         (None, Some(exe)) => WatchArg::Exe(exe.clone()),
@@ -113,8 +159,26 @@ fn from_cli(args: &RunArgs) -> (RunSettings, Vec<TriggerArgs>) {
         keep: args.keep,
         perf_args: args.perf_args.clone(),
         max_targets: args.max_targets.unwrap_or(DEFAULT_MAX_TARGETS),
+        recording: recording_mode(
+            args.flight_recorder,
+            args.continuous,
+            None,
+            args.pid.is_some(),
+            args.flight_ring,
+        )?,
+        max_disk: args.max_disk.map(|bytes| DiskBudget {
+            bytes,
+            scope: BudgetScope::Run,
+        }),
     };
-    (s, vec![t])
+    Ok((s, vec![t]))
+}
+
+/// A config file's size field, checked.
+fn config_size(field: &str, value: Option<&str>) -> Result<Option<u64>, Failure> {
+    value
+        .map(|v| parse_size(v).map_err(|e| Failure::usage(format!("bad {field}: {e}"))))
+        .transpose()
 }
 
 fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerArgs>), Failure> {
@@ -168,6 +232,25 @@ fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerA
             .max_targets
             .or(c.max_targets)
             .unwrap_or(DEFAULT_MAX_TARGETS),
+        recording: recording_mode(
+            args.flight_recorder,
+            args.continuous,
+            c.recording.as_deref(),
+            false,
+            args.flight_ring
+                .or(config_size("flight_ring", c.flight_ring.as_deref())?),
+        )?,
+        // The command line bounds this run; the file bounds the output root.
+        max_disk: match args.max_disk {
+            Some(bytes) => Some(DiskBudget {
+                bytes,
+                scope: BudgetScope::Run,
+            }),
+            None => config_size("max_disk", c.max_disk.as_deref())?.map(|bytes| DiskBudget {
+                bytes,
+                scope: BudgetScope::OutputRoot,
+            }),
+        },
     };
     Ok((s, triggers))
 }
@@ -180,7 +263,7 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let (settings, triggers) = match &args.config {
         Some(path) => from_config(path, &args)?,
-        None => from_cli(&args),
+        None => from_cli(&args)?,
     };
     // Input that needs no system access first.
     check_perf_args(&settings.perf_args).map_err(Failure::usage)?;
@@ -357,6 +440,8 @@ pub async fn run(
                 output: out.clone(),
                 time_to_armed_ms: 0.0,
                 perf_ready_ms: 0.0,
+                recording: settings.recording.name(),
+                flight_ring_bytes: settings.recording.ring_bytes(),
             },
             out,
             watch,
@@ -382,8 +467,12 @@ pub async fn run(
                 freq: settings.freq,
                 keep: settings.keep,
                 bpf_events: args.perf_bpf_events,
+                recording: settings.recording,
                 extra: settings.perf_args.clone(),
             },
+            keeper: settings
+                .max_disk
+                .map(|b| Arc::new(Mutex::new(Keeper::new(b, &base_dir.path)))),
             max_targets: settings.max_targets as usize,
             agent_started: started,
             reporter: reporter.clone(),

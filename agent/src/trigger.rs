@@ -52,6 +52,11 @@ pub struct IndexedHit {
     /// True when the hit did not cause its own snapshot but was merged into
     /// one already on its way.
     pub merged: bool,
+    /// `--slower-than`: the call began before the snapshot's oldest sample,
+    /// so the file does not reach back to its start (a flight-recorder ring
+    /// too small for the call, or a call that spans an earlier snapshot).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub starts_before_samples: bool,
 }
 
 /// Kind of a snapshot file.
@@ -362,6 +367,7 @@ mod tests {
             duration_ns: None,
             retval: None,
             merged: false,
+            starts_before_samples: false,
         }
     }
 
