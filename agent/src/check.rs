@@ -371,6 +371,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
         freq: 99,
         keep: None,
         bpf_events: false,
+        recording: perf::Recording::Continuous,
         extra: Vec::new(),
     };
     let result = ping_perf(&spec);

@@ -139,6 +139,27 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub keep: Option<u32>,
 
+    /// Keep samples in perf's flight recorder (--overwrite): nothing is
+    /// written while waiting, and each snapshot holds what the rings held at
+    /// the hit. [default for --exe and --config runs]
+    #[arg(long, conflicts_with = "continuous")]
+    pub flight_recorder: bool,
+
+    /// Write every sample: each snapshot holds everything since the
+    /// previous one. [default for --pid runs]
+    #[arg(long)]
+    pub continuous: bool,
+
+    /// Size of each of perf's flight-recorder rings (one per CPU), e.g.
+    /// 512K, 2M; rounded up to a power of two pages. [default: 2M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub flight_ring: Option<u64>,
+
+    /// Keep at most this much in the output directory (e.g. 500M, 2G): the
+    /// oldest snapshots are deleted first.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_disk: Option<u64>,
+
     /// Size of the hit ring buffer in bytes (a power of two, at least one
     /// page). For tests.
     #[arg(long, hide = true, value_name = "BYTES")]
@@ -344,6 +365,33 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
     Ok(n / per)
 }
 
+/// Parses a size in bytes such as `4096`, `512K`, `2M` or `1G` (powers of
+/// 1024; a trailing `B` or `iB` is accepted).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let upper = t.to_ascii_uppercase();
+    let body = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
+    let (num, shift) = match body.chars().last() {
+        Some('K') => (&body[..body.len() - 1], 10),
+        Some('M') => (&body[..body.len() - 1], 20),
+        Some('G') => (&body[..body.len() - 1], 30),
+        Some('T') => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size; write one such as 512K, 2M or 1G"))?;
+    match n.checked_mul(1u64 << shift) {
+        Some(0) => Err("a size must be greater than 0".into()),
+        Some(v) => Ok(v),
+        None => Err(format!("`{s}` is too large")),
+    }
+}
+
 /// Parses an unsigned integer in decimal or `0x` hex.
 pub fn parse_u64(s: &str) -> Result<u64, String> {
     let t = s.trim().replace('_', "");
@@ -447,6 +495,18 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("2M"), Ok(2 << 20));
+        assert_eq!(parse_size("2MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
     }
 
     #[test]

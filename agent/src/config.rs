@@ -6,6 +6,8 @@
 //! output = "/var/lib/mt-agent"   # each run writes into <output>/<local time>/
 //! max_targets = 8
 //! event = "cpu-clock"            # also: perf, freq, keep, perf_args
+//! max_disk = "2G"                # bounds this run and older runs under output
+//! recording = "flight-recorder"  # or "continuous"; flight_ring = "2M"
 //!
 //! [[trigger]]
 //! name = "api"                   # output subdirectory; default trigger<N>
@@ -42,6 +44,13 @@ pub struct Config {
     pub event: Option<String>,
     pub freq: Option<u32>,
     pub keep: Option<u32>,
+    /// `"flight-recorder"` (the default for config runs) or `"continuous"`.
+    pub recording: Option<String>,
+    /// Size of each flight-recorder ring, e.g. `"2M"`.
+    pub flight_ring: Option<String>,
+    /// Budget for everything mt-agent wrote under `output`, this run and
+    /// older ones, e.g. `"2G"`: the oldest snapshots are deleted first.
+    pub max_disk: Option<String>,
     #[serde(default)]
     pub perf_args: Vec<String>,
     /// Each `[[trigger]]`: the command line's trigger options.

@@ -22,7 +22,7 @@ use std::{
     fs,
     os::fd::AsFd,
     path::PathBuf,
-    sync::{Arc, OnceLock, mpsc},
+    sync::{Arc, Mutex, OnceLock, mpsc},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -44,7 +44,7 @@ use crate::{
     output::{Armed, Reporter},
     perf::PerfSpec,
     probe::{AttachPlan, Probes},
-    recorder::{Feedback, Recorder, RecorderFd},
+    recorder::{Feedback, Recorder, RecorderFd, Shared},
     run::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
     snapshot::{IndexedHit, Policy, Stats},
     target,
@@ -107,6 +107,8 @@ pub struct Setup {
     pub verbose: bool,
     pub rt_priority: Option<i32>,
     pub reader_delay: Option<Duration>,
+    /// `--max-disk`, shared by every recorder.
+    pub keeper: Option<Arc<Mutex<crate::budget::Keeper>>>,
 }
 
 /// The main thread's handle on the driver.
@@ -455,8 +457,11 @@ impl Driver {
             dir,
             &self.setup.perf,
             policy,
-            self.setup.reporter.clone(),
-            self.counters.clone(),
+            Shared {
+                reporter: self.setup.reporter.clone(),
+                counters: self.counters.clone(),
+                keeper: self.setup.keeper.clone(),
+            },
         )?;
         let slot = self
             .slots
@@ -713,6 +718,7 @@ impl Driver {
                 duration_ns: at_return.then_some(hit.duration_ns),
                 retval: at_return.then_some(hit.retval),
                 merged: false,
+                starts_before_samples: false,
             };
             let key = (hit.trigger, hit.tgid as i32);
             match self.by_target.get(&key).copied() {

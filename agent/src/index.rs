@@ -314,6 +314,7 @@ mod tests {
             hits: vec![],
             hit_to_kill_ns: None,
             unlisted_hits: 0,
+            span: None,
         };
         idx.snapshot(&snap, CounterValues::default(), 0).unwrap();
         idx.deleted("perf.data.1").unwrap();

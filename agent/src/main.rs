@@ -24,6 +24,7 @@
 //! * [`check`]: `mt-agent check`, the preflight;
 //! * [`list`]: `mt-agent symbols`.
 
+mod budget;
 mod caps;
 mod check;
 mod cli;
@@ -38,6 +39,7 @@ mod index;
 mod list;
 mod output;
 mod perf;
+mod perf_data;
 mod plan;
 mod probe;
 mod recorder;

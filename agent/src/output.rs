@@ -52,6 +52,21 @@ pub struct Armed {
     pub time_to_armed_ms: f64,
     /// From spawning perf to its first acked `ping`, ms.
     pub perf_ready_ms: f64,
+    /// `continuous` or `flight-recorder`.
+    pub recording: &'static str,
+    /// Flight recorder: bytes of each of perf's rings (one per CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flight_ring_bytes: Option<u64>,
+}
+
+impl Armed {
+    /// How perf keeps samples, in words.
+    fn recording_words(&self) -> String {
+        match self.flight_ring_bytes {
+            Some(b) => format!("in a flight recorder of {} KiB per CPU", b / 1024),
+            None => "continuously".into(),
+        }
+    }
 }
 
 /// One completed snapshot, as printed: the traced process, the snapshot's
@@ -153,20 +168,22 @@ impl Reporter {
         match (a.pid, a.perf_pid, &a.exe) {
             (Some(pid), Some(perf_pid), _) => self.print(&format!(
                 "armed in {:.0} ms (perf ready in {:.0} ms): perf (pid {perf_pid}) records pid {pid} \
-                 with {} at {} Hz; {probes}; writing to {}",
+                 with {} at {} Hz {}; {probes}; writing to {}",
                 a.time_to_armed_ms,
                 a.perf_ready_ms,
                 a.event,
                 a.freq,
+                a.recording_words(),
                 a.output.display()
             )),
             (_, _, exe) => self.print(&format!(
                 "armed in {:.0} ms: {probes}, for every process running {}; one perf per process \
-                 ({} at {} Hz) writing to {}/<pid>",
+                 ({} at {} Hz {}) writing to {}/<pid>",
                 a.time_to_armed_ms,
                 exe.as_deref().unwrap_or(&a.object).display(),
                 a.event,
                 a.freq,
+                a.recording_words(),
                 a.output.display()
             )),
         }
@@ -405,6 +422,7 @@ mod tests {
             hits: vec![],
             hit_to_kill_ns: None,
             unlisted_hits: 0,
+            span: None,
         };
         let event = SnapshotEvent {
             pid: 42,

@@ -61,8 +61,62 @@ pub struct PerfSpec {
     /// Keep perf's default of recording BPF program events (`false` adds
     /// `--no-bpf-event`).
     pub bpf_events: bool,
+    /// How perf keeps its samples: all of them, or a flight recorder.
+    pub recording: Recording,
     /// Extra arguments, already checked by [`crate::cli::check_perf_args`].
     pub extra: Vec<String>,
+}
+
+/// How perf keeps samples between snapshots (docs/flight-recorder.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// Every sample goes to the open file; a snapshot holds everything since
+    /// the previous one.
+    Continuous,
+    /// perf's flight recorder (`--overwrite`): samples stay in overwritable
+    /// rings, one per CPU, and only what the rings hold when a snapshot is
+    /// taken is written.
+    FlightRecorder {
+        /// Size of each ring, in 4 KiB pages (a power of two, `-m`).
+        ring_pages: u64,
+    },
+}
+
+impl Recording {
+    /// perf's arguments for this mode.
+    fn args(self) -> Vec<OsString> {
+        match self {
+            Recording::Continuous => Vec::new(),
+            Recording::FlightRecorder { ring_pages } => {
+                vec![
+                    "--overwrite".into(),
+                    "-m".into(),
+                    ring_pages.to_string().into(),
+                ]
+            }
+        }
+    }
+
+    /// Bytes of each flight-recorder ring.
+    pub fn ring_bytes(self) -> Option<u64> {
+        match self {
+            Recording::Continuous => None,
+            Recording::FlightRecorder { ring_pages } => Some(ring_pages * 4096),
+        }
+    }
+
+    /// The name used in the `armed` event and the README.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recording::Continuous => "continuous",
+            Recording::FlightRecorder { .. } => "flight-recorder",
+        }
+    }
+}
+
+/// Pages of a ring of at least `bytes`: perf's `-m` takes a power of two.
+pub fn ring_pages(bytes: u64) -> u64 {
+    bytes.div_ceil(4096).max(1).next_power_of_two()
 }
 
 impl PerfSpec {
@@ -91,6 +145,7 @@ impl PerfSpec {
         if let Some(n) = self.keep {
             args.push(format!("--switch-max-files={n}").into());
         }
+        args.extend(self.recording.args());
         if !self.bpf_events {
             // perf writes the info (and BTF) of every BPF program it has
             // seen into the header of every file it switches to: on a host
@@ -587,6 +642,7 @@ mod tests {
             freq: 999,
             keep: Some(3),
             bpf_events: false,
+            recording: Recording::FlightRecorder { ring_pages: 512 },
             extra: vec!["--call-graph".into(), "dwarf".into()],
         };
         let args: Vec<String> = spec
@@ -597,7 +653,8 @@ mod tests {
         assert_eq!(
             args.join(" "),
             "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 -g \
-             -k CLOCK_MONOTONIC --control fd:5,7 --switch-max-files=3 --no-bpf-event \
+             -k CLOCK_MONOTONIC --control fd:5,7 --switch-max-files=3 --overwrite -m 512 \
+             --no-bpf-event \
              --call-graph dwarf"
         );
     }

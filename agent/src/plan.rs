@@ -10,10 +10,15 @@ use std::{
 use agent_common::DEFAULT_RING_BYTES;
 
 use crate::{
-    cli::{DEFAULT_COOLDOWN, RunArgs, TriggerOptions, check_perf_args, parse_duration, parse_rate},
+    budget::{BudgetScope, DiskBudget},
+    cli::{
+        DEFAULT_COOLDOWN, RunArgs, TriggerOptions, check_perf_args, parse_duration, parse_rate,
+        parse_size,
+    },
     conditions::{Filters, trigger_config},
     config,
     error::Failure,
+    perf::{Recording, ring_pages},
     symbols::Query,
 };
 
@@ -56,6 +61,58 @@ pub struct RunSettings {
     pub keep: Option<u32>,
     pub perf_args: Vec<String>,
     pub max_targets: u64,
+    /// How perf keeps samples between snapshots.
+    pub recording: Recording,
+    /// Disk budget, and what it covers.
+    pub max_disk: Option<DiskBudget>,
+}
+
+/// Size of each flight-recorder ring unless told otherwise, bytes: at 999 Hz
+/// a sample with perf's deepest default stack (127 frames) is about 1 KiB, so
+/// one busy CPU fills ~1 MB/s and 2 MiB holds about two seconds
+/// (docs/flight-recorder.md).
+pub const DEFAULT_FLIGHT_RING: u64 = 2 << 20;
+
+/// Chooses the recording mode: `--continuous`/`--flight-recorder` (or the
+/// config's `recording`) win; otherwise `--pid` runs record continuously and
+/// `--exe` and `--config` runs use the flight recorder (README, "Recording").
+fn recording_mode(
+    flight: bool,
+    continuous: bool,
+    named: Option<&str>,
+    pid_run: bool,
+    ring: Option<u64>,
+) -> Result<Recording, Failure> {
+    let flight = match (flight, continuous, named) {
+        (true, _, _) => true,
+        (_, true, _) => false,
+        (_, _, Some("flight-recorder")) => true,
+        (_, _, Some("continuous")) => false,
+        (_, _, Some(other)) => {
+            return Err(Failure::usage(format!(
+                "recording = {other:?}: use \"flight-recorder\" or \"continuous\""
+            )));
+        }
+        (_, _, None) => !pid_run,
+    };
+    if !flight {
+        if ring.is_some() {
+            return Err(Failure::usage(
+                "--flight-ring applies to the flight recorder; add --flight-recorder or drop it",
+            ));
+        }
+        return Ok(Recording::Continuous);
+    }
+    Ok(Recording::FlightRecorder {
+        ring_pages: ring_pages(ring.unwrap_or(DEFAULT_FLIGHT_RING)),
+    })
+}
+
+/// A config file's size field, checked.
+fn config_size(field: &str, value: Option<&str>) -> Result<Option<u64>, Failure> {
+    value
+        .map(|v| parse_size(v).map_err(|e| Failure::usage(format!("bad {field}: {e}"))))
+        .transpose()
 }
 
 /// A run's plan.
@@ -142,6 +199,17 @@ fn from_cli(args: &RunArgs) -> Result<(RunSettings, Vec<TriggerPlan>), Failure> 
         keep: args.keep,
         perf_args: args.perf_args.clone(),
         max_targets: args.max_targets.unwrap_or(DEFAULT_MAX_TARGETS),
+        recording: recording_mode(
+            args.flight_recorder,
+            args.continuous,
+            None,
+            args.trigger.pid.is_some(),
+            args.flight_ring,
+        )?,
+        max_disk: args.max_disk.map(|bytes| DiskBudget {
+            bytes,
+            scope: BudgetScope::Run,
+        }),
     };
     Ok((s, vec![t]))
 }
@@ -170,6 +238,25 @@ fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerP
             .max_targets
             .or(c.max_targets)
             .unwrap_or(DEFAULT_MAX_TARGETS),
+        recording: recording_mode(
+            args.flight_recorder,
+            args.continuous,
+            c.recording.as_deref(),
+            false,
+            args.flight_ring
+                .or(config_size("flight_ring", c.flight_ring.as_deref())?),
+        )?,
+        // The command line bounds this run; the file bounds the output root.
+        max_disk: match args.max_disk {
+            Some(bytes) => Some(DiskBudget {
+                bytes,
+                scope: BudgetScope::Run,
+            }),
+            None => config_size("max_disk", c.max_disk.as_deref())?.map(|bytes| DiskBudget {
+                bytes,
+                scope: BudgetScope::OutputRoot,
+            }),
+        },
     };
     Ok((s, triggers))
 }

@@ -14,13 +14,14 @@ use std::{
     fs,
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::PathBuf,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
 use nix::sys::signal::Signal;
 
 use crate::{
+    budget::Keeper,
     clock::Now,
     counters::Counters,
     end::{RecorderFacts, recorder_end},
@@ -28,6 +29,7 @@ use crate::{
     index::{Index, OutputDir},
     output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
+    perf_data::{self, SampleSpan},
     run::{EndReason, RecorderOutcome},
     snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
     target,
@@ -265,6 +267,18 @@ pub struct Recorder {
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
     next_sample: Instant,
+    /// `--max-disk`, shared by every recorder of the run.
+    keeper: Option<Arc<Mutex<Keeper>>>,
+}
+
+/// What every recorder of a run shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub reporter: Arc<Reporter>,
+    /// The kernel's counters, once the programs are loaded.
+    pub counters: Arc<OnceLock<Counters>>,
+    /// `--max-disk`.
+    pub keeper: Option<Arc<Mutex<Keeper>>>,
 }
 
 impl Recorder {
@@ -278,9 +292,13 @@ impl Recorder {
         dir: PathBuf,
         spec: &PerfSpec,
         policy: Policy,
-        reporter: Arc<Reporter>,
-        counters: Arc<OnceLock<Counters>>,
+        shared: Shared,
     ) -> Result<Self, Failure> {
+        let Shared {
+            reporter,
+            counters,
+            keeper,
+        } = shared;
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
         let index = Index::create(&dir).map_err(|e| {
@@ -300,6 +318,9 @@ impl Recorder {
             .map_err(|e| Failure::runtime(format!("starting perf: {e:#}")))?;
         // perf answers only from its main loop: an ack means SIGUSR2 works.
         let _ = perf.ping();
+        if let Some(k) = &keeper {
+            lock(k).own(&dir);
+        }
         Ok(Self {
             trigger,
             tgid,
@@ -320,6 +341,7 @@ impl Recorder {
             exe_id: target::exe_id(tgid),
             spin: SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
+            keeper,
         })
     }
 
@@ -592,6 +614,8 @@ impl Recorder {
             .map(|c| c.read(self.trigger))
             .unwrap_or_default();
         let merged = self.machine.stats().merged;
+        snap.span = read_span(&path);
+        mark_calls_before(&mut snap);
         if let Err(e) = self.index.snapshot(&snap, counters, merged) {
             self.index_failed(e, now);
         }
@@ -604,7 +628,11 @@ impl Recorder {
             n: self.snapshots,
             snapshot: &snap,
         });
-        // perf's --switch-max-files (from --keep) deletes the oldest files.
+        if let Some(k) = &self.keeper {
+            lock(k).enforce(&self.dir, &snap.file);
+        }
+        // perf's --switch-max-files (from --keep) and --max-disk delete the
+        // oldest files.
         let dir = &self.dir;
         let (kept, gone): (Vec<String>, Vec<String>) = std::mem::take(&mut self.listed)
             .into_iter()
@@ -641,6 +669,9 @@ impl Recorder {
         let lines = self.perf.flush_stderr();
         self.perf_lines(lines, now);
         self.index_leftovers(now);
+        if let Some(k) = &self.keeper {
+            lock(k).release(&self.dir);
+        }
         let perf_was_ready = self.phase.perf_was_ready();
         if !perf_was_ready && self.snapshots == 0 {
             // perf never started recording: its half-made perf.data is not a
@@ -703,6 +734,32 @@ impl Recorder {
             self.apply(actions, now);
         }
     }
+}
+
+/// The samples of a completed snapshot file (`None`, logged, when it cannot
+/// be read).
+fn read_span(path: &std::path::Path) -> Option<SampleSpan> {
+    perf_data::sample_span(path)
+        .inspect_err(|e| log::debug!("reading the samples of {}: {e:#}", path.display()))
+        .ok()
+        .flatten()
+}
+
+/// Marks the `--slower-than` hits whose call began before the file's oldest
+/// sample.
+fn mark_calls_before(snap: &mut Snapshot) {
+    let span = snap.span;
+    for h in &mut snap.hits {
+        if let Some(d) = h.duration_ns {
+            let start = h.ktime_ns.saturating_sub(d);
+            h.starts_before_samples = span.is_none_or(|s| s.starts_after(start));
+        }
+    }
+}
+
+/// The budget keeper, even if a panic poisoned its lock.
+fn lock(k: &Mutex<Keeper>) -> std::sync::MutexGuard<'_, Keeper> {
+    k.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -22,6 +22,7 @@ use tokio::{
 };
 
 use crate::{
+    budget::Keeper,
     caps, check,
     cli::RunArgs,
     conditions::trigger_config,
@@ -30,7 +31,7 @@ use crate::{
     index::{self, OutputDir},
     output::{Armed, Reporter, Summary},
     perf::{self, PerfSpec},
-    plan::{Plan, TriggerPlan, WatchArg, plan},
+    plan::{Plan, RunSettings, TriggerPlan, WatchArg, plan},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
     run::{EndReason, Outcome},
     snapshot::Policy,
@@ -91,8 +92,13 @@ pub async fn run(
                 freq: plan.settings.freq,
                 keep: plan.settings.keep,
                 bpf_events: args.perf_bpf_events,
+                recording: plan.settings.recording,
                 extra: plan.settings.perf_args.clone(),
             },
+            keeper: plan
+                .settings
+                .max_disk
+                .map(|b| Arc::new(Mutex::new(Keeper::new(b, &run_dir.path)))),
             max_targets: plan.settings.max_targets as usize,
             agent_started: started,
             reporter: reporter.clone(),
@@ -238,7 +244,7 @@ fn trigger_setups(
         };
         setups.push(TriggerSetup {
             index,
-            armed: armed(index, &r, &out, event, plan.settings.freq),
+            armed: armed(index, &r, &out, event, &plan.settings),
             plan: AttachPlan {
                 trigger: index,
                 path: r.res.object.open_path.clone(),
@@ -258,7 +264,7 @@ fn trigger_setups(
 }
 
 /// A trigger's `armed` event, less what is known only once it is armed.
-fn armed(index: u32, r: &Resolved, out: &Path, event: &str, freq: u32) -> Armed {
+fn armed(index: u32, r: &Resolved, out: &Path, event: &str, settings: &RunSettings) -> Armed {
     let res = &r.res;
     Armed {
         pid: match r.watch {
@@ -272,7 +278,7 @@ fn armed(index: u32, r: &Resolved, out: &Path, event: &str, freq: u32) -> Armed 
         },
         trigger: index,
         event: event.to_string(),
-        freq,
+        freq: settings.freq,
         symbol: if res.probe_offset > 0 {
             format!("{}+{:#x}", res.function.demangled, res.probe_offset)
         } else {
@@ -289,6 +295,8 @@ fn armed(index: u32, r: &Resolved, out: &Path, event: &str, freq: u32) -> Armed 
         output: out.to_path_buf(),
         time_to_armed_ms: 0.0,
         perf_ready_ms: 0.0,
+        recording: settings.recording.name(),
+        flight_ring_bytes: settings.recording.ring_bytes(),
     }
 }
 

@@ -20,6 +20,8 @@
 
 use serde::Serialize;
 
+use crate::perf_data::SampleSpan;
+
 /// Least time between a `Dump` line and the next SIGUSR2 or `stop`, in ns:
 /// perf's file names have centisecond resolution.
 pub const MIN_GAP_NS: u64 = 10_000_000;
@@ -52,6 +54,11 @@ pub struct IndexedHit {
     /// True when the hit did not cause its own snapshot but was merged into
     /// one already on its way.
     pub merged: bool,
+    /// `--slower-than`: the call began before the snapshot's oldest sample,
+    /// so the file does not reach back to its start (a flight-recorder ring
+    /// too small for the call, or a call that spans an earlier snapshot).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub starts_before_samples: bool,
 }
 
 /// Kind of a snapshot file.
@@ -82,6 +89,11 @@ pub struct Snapshot {
     /// Merged hits beyond [`MAX_LISTED_HITS`]: counted, not listed.
     #[serde(skip_serializing_if = "is_zero")]
     pub unlisted_hits: u64,
+    /// Samples in the file and the times of the first and last, on the
+    /// hits' clock. The recorder reads them from the file before indexing
+    /// (absent when it cannot be read).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub span: Option<SampleSpan>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -262,6 +274,7 @@ impl SnapshotMachine {
                     hits: p.hits.listed,
                     hit_to_kill_ns,
                     unlisted_hits: p.hits.unlisted,
+                    span: None,
                 }));
                 if self.phase == Phase::Running
                     && self
@@ -304,6 +317,7 @@ impl SnapshotMachine {
                     hits: hits.listed,
                     hit_to_kill_ns: None,
                     unlisted_hits: hits.unlisted,
+                    span: None,
                 }));
             }
         }
@@ -385,6 +399,7 @@ mod tests {
             duration_ns: None,
             retval: None,
             merged: false,
+            starts_before_samples: false,
         }
     }
 

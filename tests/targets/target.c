@@ -20,6 +20,8 @@
  *   target wait                  waits until killed
  *   target stamp N GAP_MS [FN]   FN(CLOCK_MONOTONIC ns) N times, GAP_MS apart; prints each stamp
  *   target bench FN N REPS       REPS times: FN (push|nop5|step|trigger) N times; prints ns per call
+ *   target busy N GAP_MS         two threads burn CPU; every GAP_MS the main one prints "halfway"
+ *                                at half the gap, then calls trigger(i); N = 0: burn GAP_MS, no call
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -172,6 +174,24 @@ static void (*pick(const char *name))(long) {
   return trigger;
 }
 
+/* Deep-ish stacks for the busy mode: a chain of out-of-line frames. */
+__attribute__((noipa)) static void busy_leaf(int depth, uint64_t end) {
+  if (depth > 0) {
+    busy_leaf(depth - 1, end);
+    return;
+  }
+  while (now_ns() < end) sink++;
+}
+__attribute__((noipa)) static void busy_main(long ms) {
+  uint64_t end = now_ns() + (uint64_t)ms * 1000000ull;
+  while (now_ns() < end) busy_leaf(16, now_ns() + 1000000ull);
+}
+__attribute__((noipa)) static void *busy_worker(void *arg) {
+  (void)arg;
+  for (;;) busy_leaf(16, now_ns() + 1000000ull);
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: target MODE ...\n");
@@ -272,6 +292,20 @@ int main(int argc, char **argv) {
       printf("stamp %llu\n", (unsigned long long)t);
       fflush(stdout);
       sleep_ms(b - b / 2);
+    }
+  } else if (!strcmp(mode, "busy")) {
+    pthread_t t;
+    pthread_create(&t, NULL, busy_worker, NULL);
+    for (long i = 0; i < a || (a == 0 && i == 0); i++) {
+      busy_main(b / 2);
+      printf("halfway %ld\n", i);
+      fflush(stdout);
+      busy_main(b - b / 2);
+      if (a > 0) {
+        printf("hit %ld %llu\n", i, (unsigned long long)now_ns());
+        fflush(stdout);
+        trigger(i);
+      }
     }
   } else if (!strcmp(mode, "bench")) {
     void (*fn)(long) = pick(argv[2]);

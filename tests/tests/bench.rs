@@ -37,6 +37,7 @@ fn bench_quick_runs_every_part() {
         "Trigger → snapshot latency",
         "Storm",
         "Time to armed",
+        "Waiting: a busy 2-thread target",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -79,6 +80,12 @@ fn bench_quick_runs_every_part() {
         "every hit accounted: {agent}"
     );
     assert!(r["time_to_armed"]["median"].as_f64().is_some());
+    // Both recording modes were measured, each with a figure for the disk.
+    let waiting = r["waiting"].as_array().unwrap();
+    assert_eq!(waiting.len(), 2, "{waiting:?}");
+    for w in waiting {
+        assert!(w["out_bytes_while_waiting"].as_u64().is_some(), "{w}");
+    }
     // Nothing left behind.
     assert_no_programs_loaded("after the bench");
     assert!(

@@ -98,7 +98,9 @@ fn exe_records_every_process_of_an_executable() {
         let dir = run.out.join(p.pid().to_string());
         let index = read_index(&dir.join("snapshots.jsonl"));
         let hits: Vec<&Value> = index.iter().filter(|v| v["kind"] == "hit").collect();
-        assert_eq!(hits.len(), 3, "pid {}: {index:?}", p.pid());
+        // Every call has its snapshot; with the flight recorder (the default
+        // for --exe) a switch takes ~200 ms, so a call can share one (merged).
+        assert_eq!(listed_hits(&index), 3, "pid {}: {index:?}", p.pid());
         assert!(hits.iter().all(|h| h["hits"][0]["tgid"] == p.pid()));
         assert_eq!(index.last().unwrap()["kind"], "tail");
         for v in &index {
@@ -180,14 +182,14 @@ cooldown = "50ms"
             .join("snapshots.jsonl"),
     );
     let cpp_index = read_index(&base.join("cpp").join("snapshots.jsonl"));
-    let hits = |ix: &[Value]| ix.iter().filter(|v| v["kind"] == "hit").count();
-    assert_eq!(hits(&c_index), 3, "{c_index:?}");
-    assert_eq!(hits(&cpp_index), 3, "{cpp_index:?}");
+    assert_eq!(listed_hits(&c_index), 3, "{c_index:?}");
+    assert_eq!(listed_hits(&cpp_index), 3, "{cpp_index:?}");
     // The C++ trigger saw x = 0, 1, 2 in arg1 (arg0 is `this`).
     let xs: Vec<u64> = cpp_index
         .iter()
         .filter(|v| v["kind"] == "hit")
-        .map(|v| v["hits"][0]["args"][1].as_u64().unwrap())
+        .flat_map(|v| v["hits"].as_array().cloned().unwrap_or_default())
+        .map(|h| h["args"][1].as_u64().unwrap())
         .collect();
     assert_eq!(xs, [0, 1, 2]);
 }
@@ -206,4 +208,13 @@ fn a_bad_config_is_refused_with_a_reason() {
         "{}",
         run.output()
     );
+}
+
+/// Hits listed in an index's hit snapshots, merged ones included.
+fn listed_hits(index: &[Value]) -> usize {
+    index
+        .iter()
+        .filter(|v| v["kind"] == "hit")
+        .map(|v| v["hits"].as_array().map_or(0, Vec::len))
+        .sum()
 }

@@ -23,6 +23,7 @@ const E2E: &[&str] = &[
     "conditions",
     "faults",
     "fleet",
+    "recording",
     "bench",
 ];
 

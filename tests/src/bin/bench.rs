@@ -34,6 +34,8 @@ struct Plan {
     stamps: u64,
     storm_s: u64,
     armed_runs: usize,
+    /// Seconds a busy target runs with no hit, per recording mode.
+    wait_s: u64,
 }
 
 impl Plan {
@@ -47,6 +49,7 @@ impl Plan {
                 stamps: 8,
                 storm_s: 1,
                 armed_runs: 2,
+                wait_s: 10,
             }
         } else {
             Plan {
@@ -57,6 +60,7 @@ impl Plan {
                 stamps: 50,
                 storm_s: 10,
                 armed_runs: 5,
+                wait_s: 60,
             }
         }
     }
@@ -127,7 +131,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed` runs one part.
+    // `--only overhead|latency|storm|armed|waiting` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -154,6 +158,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let waiting = if part("waiting") {
+        waiting(&plan)
+    } else {
+        Value::Array(Vec::new())
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -165,6 +174,7 @@ fn main() {
         "latency": latency,
         "storm": storm,
         "time_to_armed": armed,
+        "waiting": waiting,
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
@@ -939,6 +949,51 @@ fn time_to_armed(plan: &Plan) -> Value {
     json!({"ms": ms, "median": median(&ms)})
 }
 
+/// A busy 2-thread target that never hits, under each recording mode: what
+/// waiting costs in disk, perf CPU and agent CPU and memory.
+fn waiting(plan: &Plan) -> Value {
+    Value::Array(
+        ["--continuous", "--flight-recorder"]
+            .iter()
+            .map(|mode| waiting_run(plan, mode))
+            .collect(),
+    )
+}
+
+fn waiting_run(plan: &Plan, mode: &str) -> Value {
+    let ms = (plan.wait_s * 1000).to_string();
+    let mut t = Target::start(&target_path("target"), &["busy", "0", &ms]);
+    let pid = t.pid().to_string();
+    let mut a = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json", mode]);
+    a.wait_armed();
+    let out = a.out.clone();
+    t.go();
+    let t0 = Instant::now();
+    // The most OUT held while the target ran: the tail perf writes as it
+    // ends comes after, and is not part of waiting.
+    let mut waiting_bytes = 0;
+    while t.proc.try_status().is_none() && t0.elapsed() < Duration::from_secs(plan.wait_s + 60) {
+        waiting_bytes = waiting_bytes.max(dir_bytes(&out));
+        thread::sleep(Duration::from_millis(100));
+    }
+    let waited_s = t0.elapsed().as_secs_f64();
+    t.wait(Duration::from_secs(60));
+    let run = a.finish(FINISH);
+    let s = run.summary().unwrap_or(Value::Null);
+    let per_hour = |x: f64| x * 3600.0 / waited_s;
+    let v = json!({
+        "mode": mode.trim_start_matches("--"),
+        "waited_s": waited_s,
+        "out_bytes_while_waiting": waiting_bytes,
+        "bytes_per_hour": per_hour(waiting_bytes as f64),
+        "perf_cpu_s_per_hour": s["perf_cpu_s"].as_f64().map(per_hour),
+        "agent_cpu_s": s["agent_cpu_s"],
+        "agent_peak_rss_kib": s["agent_peak_rss_kib"],
+    });
+    eprintln!("bench: waiting {v}");
+    v
+}
+
 fn f(v: &Value) -> String {
     match v.as_f64() {
         Some(x) if x.is_finite() && x.abs() >= 100.0 => format!("{x:.0}"),
@@ -1061,6 +1116,32 @@ fn print_tables(r: &Value) {
             row["disk_bytes"]
                 .as_u64()
                 .map_or("-".into(), |b| (b / 1024).to_string())
+        );
+    }
+    println!(
+        "\n### Waiting: a busy 2-thread target that never hits ({:.0} s per mode)\n",
+        r["waiting"][0]["waited_s"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "| recording | OUT bytes while waiting | MB written per hour | perf CPU s per hour | agent CPU s | agent peak RSS (KiB) | bytes/h ÷ continuous |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let rows = r["waiting"].as_array().cloned().unwrap_or_default();
+    let cont = rows
+        .iter()
+        .find(|w| w["mode"] == "continuous")
+        .and_then(|w| w["bytes_per_hour"].as_f64());
+    for w in &rows {
+        let bph = w["bytes_per_hour"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {:.2} | {} | {} | {} | {} |",
+            w["mode"].as_str().unwrap_or(""),
+            w["out_bytes_while_waiting"],
+            bph / 1e6,
+            f(&w["perf_cpu_s_per_hour"]),
+            f(&w["agent_cpu_s"]),
+            w["agent_peak_rss_kib"],
+            cont.map_or("-".into(), |c| format!("{:.4}", bph / c)),
         );
     }
     println!("\n### Time to armed\n");

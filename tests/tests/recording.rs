@@ -1,0 +1,164 @@
+//! How perf keeps samples between snapshots: the flight recorder writes
+//! nothing while it waits, and `--max-disk` bounds what a run keeps.
+//! Privileged.
+
+use std::{fs, time::Duration};
+
+use mt_agent_tests::*;
+
+/// Ring size used by the flight-recorder test, per CPU: small enough that it
+/// cannot hold the 5 s of two busy threads before a hit (~100 bytes a sample
+/// here, so ~160 samples a ring: under a second even on a loaded machine).
+const RING: u64 = 16 << 10;
+
+/// Bytes of perf's open file while it waits in flight-recorder mode: the
+/// header and the synthesized process and mmap events, no samples. Loose:
+/// the header alone is a few KiB here.
+const WAITING_FILE_MAX: u64 = 128 << 10;
+
+#[test]
+fn the_flight_recorder_writes_only_at_a_hit_and_holds_the_moment_before_it() {
+    let mut t = Target::start(&target_path("target"), &["busy", "2", "5000"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--flight-recorder",
+        "--flight-ring",
+        "16K",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let out = agent.out.clone();
+    t.go();
+    // 2.5 s into the first 5 s of work, before the first hit.
+    t.proc
+        .wait_line(Duration::from_secs(20), |l| l.starts_with("halfway 0"))
+        .expect("target reached halfway");
+    let mut names: Vec<String> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["perf.data", "snapshots.jsonl"], "OUT while waiting");
+    let waiting = fs::metadata(out.join("perf.data")).unwrap().len();
+    assert!(
+        waiting <= WAITING_FILE_MAX,
+        "perf.data holds {waiting} bytes after 2.5 s of waiting: samples were written"
+    );
+    assert_eq!(fs::metadata(out.join("snapshots.jsonl")).unwrap().len(), 0);
+
+    t.wait(Duration::from_secs(30));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    run.assert_index_consistent();
+    let hits = run.entries("hit");
+    assert_eq!(hits.len(), 2, "{}", run.output());
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    for h in &hits {
+        let hit_ns = h["hits"][0]["ktime_ns"].as_u64().unwrap();
+        let first = h["first_sample_ns"].as_u64().expect("first_sample_ns");
+        let last = h["last_sample_ns"].as_u64().expect("last_sample_ns");
+        // The moment before the hit is there...
+        assert!(
+            last <= hit_ns + 50_000_000,
+            "last sample after the hit: {h}"
+        );
+        assert!(
+            hit_ns.saturating_sub(last) < 1_000_000_000,
+            "no sample in the last second before the hit: {h}"
+        );
+        // ...but not the whole 5 s of work: the rings are too small.
+        assert!(
+            hit_ns - first < 4_000_000_000,
+            "samples from {} ms before the hit: the ring kept more than it can hold: {h}",
+            (hit_ns - first) / 1_000_000
+        );
+        let bytes = h["bytes"].as_u64().unwrap();
+        assert!(
+            bytes <= cpus * RING + WAITING_FILE_MAX,
+            "{bytes} bytes: more than {cpus} rings of {RING}: {h}"
+        );
+        // The index's span is the file's.
+        let file = run.out.join(h["file"].as_str().unwrap());
+        let samples = perf_samples(&file);
+        let min = samples.iter().map(|s| s.time_ns).min().unwrap();
+        let max = samples.iter().map(|s| s.time_ns).max().unwrap();
+        assert_eq!(h["samples"].as_u64(), Some(samples.len() as u64), "{h}");
+        // perf script prints ns; parsing through f64 costs under 1 µs.
+        assert!(
+            min.abs_diff(first) < 1_000,
+            "first {first} vs perf script {min}"
+        );
+        assert!(
+            max.abs_diff(last) < 1_000,
+            "last {last} vs perf script {max}"
+        );
+    }
+    let armed = run
+        .stdout
+        .iter()
+        .find(|l| l.contains("\"event\":\"armed\""))
+        .unwrap();
+    assert!(
+        armed.contains("\"recording\":\"flight-recorder\""),
+        "{armed}"
+    );
+    assert!(
+        armed.contains(&format!("\"flight_ring_bytes\":{RING}")),
+        "{armed}"
+    );
+}
+
+#[test]
+fn max_disk_keeps_the_newest_snapshots_within_the_budget() {
+    // 12 hits, 150 ms apart, each snapshot ~15-40 KiB of two busy threads.
+    let mut t = Target::start(&target_path("target"), &["busy", "12", "150"]);
+    let budget: u64 = 64 << 10;
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "trigger",
+            "--continuous",
+            "--max-disk",
+            "64K",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let hits = run.entries("hit");
+    // On a loaded machine two hits can share a snapshot (merged).
+    assert!(hits.len() >= 6, "{}", run.output());
+    let deleted: Vec<&str> = run
+        .entries("deleted")
+        .iter()
+        .map(|e| e["file"].as_str().unwrap())
+        .collect();
+    assert!(!deleted.is_empty(), "nothing deleted: {}", run.output());
+    // Every file the index still lists is on disk, every deleted one is
+    // gone, and what is kept fits the budget.
+    let mut kept = 0;
+    for e in run.index.iter().filter(|e| e["kind"] != "deleted") {
+        let name = e["file"].as_str().unwrap();
+        let path = run.out.join(name);
+        if deleted.contains(&name) {
+            assert!(!path.exists(), "{name} indexed as deleted but still there");
+        } else {
+            kept += fs::metadata(&path)
+                .unwrap_or_else(|_| panic!("{name} is listed but gone"))
+                .len();
+        }
+    }
+    assert!(kept <= budget, "{kept} bytes kept over a {budget} budget");
+    // The oldest went first: the newest hit and the tail are kept.
+    let newest = hits.last().unwrap()["file"].as_str().unwrap();
+    assert!(
+        !deleted.contains(&newest),
+        "the newest snapshot was deleted"
+    );
+    let first = hits[0]["file"].as_str().unwrap();
+    assert!(deleted.contains(&first), "the oldest snapshot was kept");
+}
