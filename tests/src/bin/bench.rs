@@ -980,12 +980,28 @@ fn waiting_run(plan: &Plan, mode: &str) -> Value {
     t.wait(Duration::from_secs(60));
     let run = a.finish(FINISH);
     let s = run.summary().unwrap_or(Value::Null);
+    // perf holds samples in its rings until a wakeup, so the bytes on disk
+    // during a short wait understate continuous recording: every sample of
+    // the wait is in OUT once the run ends. The flight recorder's tail is
+    // the rings' last contents, written once at the end, not per hour.
+    let at_end = dir_bytes(&run.out);
+    let tail: u64 = run
+        .entries("tail")
+        .iter()
+        .filter_map(|e| e["bytes"].as_u64())
+        .sum();
+    let for_waiting = if mode == "--flight-recorder" {
+        at_end.saturating_sub(tail)
+    } else {
+        at_end
+    };
     let per_hour = |x: f64| x * 3600.0 / waited_s;
     let v = json!({
         "mode": mode.trim_start_matches("--"),
         "waited_s": waited_s,
         "out_bytes_while_waiting": waiting_bytes,
-        "bytes_per_hour": per_hour(waiting_bytes as f64),
+        "out_bytes_at_end": at_end,
+        "bytes_per_hour": per_hour(for_waiting as f64),
         "perf_cpu_s_per_hour": s["perf_cpu_s"].as_f64().map(per_hour),
         "agent_cpu_s": s["agent_cpu_s"],
         "agent_peak_rss_kib": s["agent_peak_rss_kib"],
@@ -1123,9 +1139,9 @@ fn print_tables(r: &Value) {
         r["waiting"][0]["waited_s"].as_f64().unwrap_or(0.0)
     );
     println!(
-        "| recording | OUT bytes while waiting | MB written per hour | perf CPU s per hour | agent CPU s | agent peak RSS (KiB) | bytes/h ÷ continuous |"
+        "| recording | OUT bytes while waiting | OUT bytes at the end | MB per hour of waiting | perf CPU s per hour | agent CPU s | agent peak RSS (KiB) | bytes/h ÷ continuous |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let rows = r["waiting"].as_array().cloned().unwrap_or_default();
     let cont = rows
         .iter()
@@ -1134,9 +1150,10 @@ fn print_tables(r: &Value) {
     for w in &rows {
         let bph = w["bytes_per_hour"].as_f64().unwrap_or(f64::NAN);
         println!(
-            "| {} | {} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {} |",
             w["mode"].as_str().unwrap_or(""),
             w["out_bytes_while_waiting"],
+            w["out_bytes_at_end"],
             bph / 1e6,
             f(&w["perf_cpu_s_per_hour"]),
             f(&w["agent_cpu_s"]),
