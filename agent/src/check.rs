@@ -329,6 +329,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
         freq: 99,
         keep: None,
         bpf_events: false,
+        call_graph: Vec::new(),
         extra: Vec::new(),
     };
     let result = ping_perf(&spec);

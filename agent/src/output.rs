@@ -52,6 +52,9 @@ pub struct Armed {
     pub time_to_armed_ms: f64,
     /// From spawning perf to its first acked `ping`, ms.
     pub perf_ready_ms: f64,
+    /// How perf unwinds stacks (`mode`: `fp`, `dwarf,SIZE` or
+    /// `pass-through`) and why.
+    pub unwinding: crate::unwind::Unwinding,
 }
 
 /// One completed snapshot, as printed (the index has the same fields).
@@ -154,11 +157,13 @@ impl Reporter {
             .map(|c| format!("; a hit costs {}", c.describe()))
             .unwrap_or_default();
         let probes = format!(
-            "{} uprobe{} on {} in {}{cost}",
+            "{} uprobe{} on {} in {}{cost}; stacks: {} ({})",
             a.uprobes,
             if a.uprobes == 1 { "" } else { "s" },
             a.symbol,
-            a.object.display()
+            a.object.display(),
+            a.unwinding.mode,
+            a.unwinding.reason
         );
         match (a.pid, a.perf_pid, &a.exe) {
             (Some(pid), Some(perf_pid), _) => self.print(&format!(

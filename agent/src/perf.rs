@@ -61,6 +61,9 @@ pub struct PerfSpec {
     /// Keep perf's default of recording BPF program events (`false` adds
     /// `--no-bpf-event`).
     pub bpf_events: bool,
+    /// How stacks are unwound: `--call-graph fp|dwarf,SIZE`, or nothing
+    /// when the extra arguments choose ([`crate::unwind::Unwinding::perf_args`]).
+    pub call_graph: Vec<String>,
     /// Extra arguments, already checked by [`crate::cli::check_perf_args`].
     pub extra: Vec<String>,
 }
@@ -80,14 +83,20 @@ impl PerfSpec {
             self.event.clone().into(),
             "-F".into(),
             self.freq.to_string().into(),
-            "-g".into(),
+        ];
+        args.extend(self.call_graph.iter().map(OsString::from));
+        args.extend([
             // Sample times on the clock of bpf_ktime_get_ns, so a hit can be
             // found inside a snapshot (`perf report --time`).
             "-k".into(),
             "CLOCK_MONOTONIC".into(),
             "--control".into(),
             format!("fd:{ctl_fd},{ack_fd}").into(),
-        ];
+            // Build-ids in the MMAP2 events (kernel 5.12+): --switch-output
+            // turns off perf's own build-id collection, and the report finds
+            // each object by build-id in OUT/.debug (crate::symcache).
+            "--buildid-mmap".into(),
+        ]);
         if let Some(n) = self.keep {
             args.push(format!("--switch-max-files={n}").into());
         }
@@ -587,6 +596,7 @@ mod tests {
             freq: 999,
             keep: Some(3),
             bpf_events: false,
+            call_graph: vec!["--call-graph".into(), "fp".into()],
             extra: vec!["--call-graph".into(), "dwarf".into()],
         };
         let args: Vec<String> = spec
@@ -596,9 +606,9 @@ mod tests {
             .collect();
         assert_eq!(
             args.join(" "),
-            "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 -g \
-             -k CLOCK_MONOTONIC --control fd:5,7 --switch-max-files=3 --no-bpf-event \
-             --call-graph dwarf"
+            "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 \
+             --call-graph fp -k CLOCK_MONOTONIC --control fd:5,7 --buildid-mmap \
+             --switch-max-files=3 --no-bpf-event --call-graph dwarf"
         );
     }
 

@@ -229,6 +229,8 @@ impl Recorder {
         let acked = self.perf.read_acks().unwrap_or(0) > 0;
         if acked && self.ready_at.is_none() {
             self.ready_at = Some(Instant::now());
+            // perf records now: keep the objects the target maps.
+            crate::symcache::scan(self.tgid);
             if self.reason.is_some() {
                 // Asked to stop before it was ready: it can read `stop` now.
                 let actions = self.machine.on_stop_request(crate::driver::monotonic_ns());
@@ -476,6 +478,8 @@ impl Recorder {
             self.index_failed(e);
         }
         self.output.keep();
+        // Objects mapped since (dlopen): kept before the report needs them.
+        crate::symcache::scan(self.tgid);
         self.indexed.insert(snap.file.clone());
         self.listed.push(snap.file.clone());
         self.snapshots += 1;

@@ -33,8 +33,9 @@ use crate::{
     probe::{AttachPlan, LoadOptions, Probes, Returns},
     recorder::EndReason,
     symbols::{self, Query, Resolution, insn},
-    target,
+    symcache, target,
     trigger::Policy,
+    unwind,
 };
 
 /// perf's sampling frequency unless told otherwise, Hz.
@@ -256,6 +257,12 @@ pub async fn run(
         resolved.push((res, watch, returns, cfg));
     }
 
+    let unwinding = decide_unwinding(&args, &settings, resolved.iter().map(|r| (&r.0, &r.1)))?;
+    reporter.verbose(&format!(
+        "stacks: --call-graph {} ({})",
+        unwinding.mode, unwinding.reason
+    ));
+
     // Output directories.
     let single = args.config.is_none() && matches!(triggers[0].watch, WatchArg::Pid(_));
     let base = match &settings.output {
@@ -271,6 +278,7 @@ pub async fn run(
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
     let base_dir = OutputDir::prepare(&base)?;
+    symcache::init(&base_dir.path);
     stage("triggers resolved, output ready");
 
     // The eBPF programs load (the verifier) on a thread of their own, while
@@ -357,6 +365,7 @@ pub async fn run(
                 output: out.clone(),
                 time_to_armed_ms: 0.0,
                 perf_ready_ms: 0.0,
+                unwinding: unwinding.clone(),
             },
             out,
             watch,
@@ -382,6 +391,7 @@ pub async fn run(
                 freq: settings.freq,
                 keep: settings.keep,
                 bpf_events: args.perf_bpf_events,
+                call_graph: unwinding.perf_args(),
                 extra: settings.perf_args.clone(),
             },
             max_targets: settings.max_targets as usize,
@@ -417,6 +427,10 @@ pub async fn run(
         }
     };
     handle.join();
+    let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
+    if let Some(kept) = symcache::finish(wrote) {
+        log_symcache(&reporter, &kept);
+    }
 
     let code = outcome.failure.as_ref().map_or(ExitCode::Ok, |f| f.code);
     if let Some(f) = &outcome.failure {
@@ -443,6 +457,61 @@ pub async fn run(
         extra_processes: outcome.extra_processes,
     });
     Ok(code)
+}
+
+/// Frame pointers or DWARF, from `--call-graph`, the pass-through and the
+/// code of each trigger's executable and object. Errors (exit code 2) when
+/// `--call-graph` and the pass-through both choose.
+fn decide_unwinding<'a>(
+    args: &RunArgs,
+    settings: &RunSettings,
+    traced: impl Iterator<Item = (&'a Resolution, &'a Watch)>,
+) -> Result<unwind::Unwinding, Failure> {
+    let mut objects: Vec<(String, PathBuf)> = Vec::new();
+    for (res, watch) in traced {
+        let exe = match watch {
+            Watch::Pid(pid) => {
+                let path = PathBuf::from(format!("/proc/{pid}/exe"));
+                let name = std::fs::read_link(&path).unwrap_or_else(|_| path.clone());
+                (name, path)
+            }
+            Watch::Exe { path, .. } => (path.clone(), path.clone()),
+        };
+        for (name, path) in [exe, (res.object.path.clone(), res.object.open_path.clone())] {
+            let name = name.file_name().map_or_else(
+                || name.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            if !objects.iter().any(|(n, _)| *n == name) {
+                objects.push((name, path));
+            }
+        }
+    }
+    let refs: Vec<(String, &Path)> = objects
+        .iter()
+        .map(|(n, p)| (n.clone(), p.as_path()))
+        .collect();
+    unwind::decide(args.call_graph, &settings.perf_args, &refs).map_err(Failure::usage)
+}
+
+/// The -v line on what `OUT/.debug` keeps.
+fn log_symcache(reporter: &Reporter, kept: &symcache::Stats) {
+    reporter.verbose(&format!(
+        "{} object(s), {} bytes, kept by build-id in {}",
+        kept.objects,
+        kept.bytes,
+        symcache::DIR
+    ));
+    for p in &kept.without_build_id {
+        reporter.warning(&format!(
+            "{} has no build-id: a report names its functions from whatever file is at that \
+             path then",
+            p.display()
+        ));
+    }
+    for f in &kept.failed {
+        reporter.verbose(&format!("not kept: {f}"));
+    }
 }
 
 /// (device, inode) of an executable for `--exe`. Errors (exit code 2) when
