@@ -169,6 +169,13 @@ impl Worker {
             self.kept.insert(hex);
             return Ok(());
         }
+        let size = file.metadata()?.len();
+        let parent = self.root.parent().unwrap_or(Path::new("/"));
+        if let Some(why) = leaves_too_little(parent, size) {
+            self.stats.failed.push(format!("{}: {why}", path.display()));
+            self.kept.insert(hex);
+            return Ok(());
+        }
         let _ = ROOT.set(self.root.clone());
         mkdirs(&self.root, &dir)?;
         let bytes = copy_new(&mut file, &dir.join("elf"))?;
@@ -183,6 +190,25 @@ impl Worker {
         self.kept.insert(hex);
         Ok(())
     }
+}
+
+/// Space the snapshots keep for themselves: a copy is skipped when it would
+/// leave less free than this, or than a tenth of the file system.
+pub const RESERVE_BYTES: u64 = 64 << 20;
+
+/// Why copying `size` bytes into the file system of `dir` would take space
+/// the snapshots need, if it would.
+fn leaves_too_little(dir: &Path, size: u64) -> Option<String> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    let free = s.blocks_available() * s.fragment_size();
+    let total = s.blocks() * s.fragment_size();
+    let reserve = RESERVE_BYTES.max(total / 10);
+    (free < size.saturating_add(reserve)).then(|| {
+        format!(
+            "not kept: {size} bytes would leave less than {} MiB free for the snapshots",
+            reserve >> 20
+        )
+    })
 }
 
 /// Where perf's build-id cache keeps the object at `path` with build-id

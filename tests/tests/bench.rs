@@ -37,6 +37,7 @@ fn bench_quick_runs_every_part() {
         "Trigger → snapshot latency",
         "Storm",
         "Time to armed",
+        "Stacks: frame pointers vs DWARF",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -79,6 +80,12 @@ fn bench_quick_runs_every_part() {
         "every hit accounted: {agent}"
     );
     assert!(r["time_to_armed"]["median"].as_f64().is_some());
+    let stacks = r["stacks"].as_array().unwrap();
+    assert_eq!(stacks.len(), 3, "fp, dwarf,8192, dwarf,16384");
+    for row in stacks {
+        assert!(row["samples"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["bytes_per_sample"].as_f64().unwrap() > 0.0, "{row}");
+    }
     // Nothing left behind.
     assert_no_programs_loaded("after the bench");
     assert!(
