@@ -33,6 +33,20 @@ pub const SAMPLE: usize = 200;
 /// shrink-wraps some early exits before it; Go checks its stack first).
 pub const PROLOGUE_INSNS: usize = 12;
 
+/// Start-up code the C runtime links into every program, built its own way
+/// (`_start` never has a frame): left out, or it would sway the count of a
+/// small program.
+const STARTUP: [&str; 8] = [
+    "_start",
+    "_init",
+    "_fini",
+    "__do_global_dtors_aux",
+    "frame_dummy",
+    "register_tm_clones",
+    "deregister_tm_clones",
+    "__libc_csu_init",
+];
+
 /// What `--call-graph` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -58,7 +72,7 @@ pub fn parse_request(s: &str) -> Result<Request, String> {
     let n: u32 = size
         .parse()
         .map_err(|_| format!("`{size}` is not a size in bytes"))?;
-    if n == 0 || n % 8 != 0 || n > 65528 {
+    if n == 0 || !n.is_multiple_of(8) || n > 65528 {
         return Err(format!(
             "dwarf stack size {n}: must be a multiple of 8 between 8 and 65528 (perf's limits)"
         ));
@@ -103,13 +117,14 @@ impl FrameCount {
 }
 
 /// Whether a function's first [`PROLOGUE_INSNS`] instructions set up a frame
-/// (`push rbp` directly followed by `mov rbp, rsp`), and whether its body
+/// (`push rbp`, then `mov rbp, rsp` with nothing moving the stack pointer in
+/// between: gcc schedules other instructions there), and whether its body
 /// makes a call. `bytes` is the function's body.
 pub fn classify(bytes: &[u8]) -> (bool, bool) {
     let mut d = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
     let mut frame = false;
     let mut calls = false;
-    let mut prev_push_rbp = false;
+    let mut pushed_rbp = false;
     let mut n = 0;
     while d.can_decode() {
         let insn = d.decode();
@@ -117,18 +132,20 @@ pub fn classify(bytes: &[u8]) -> (bool, bool) {
             break;
         }
         n += 1;
-        if n <= PROLOGUE_INSNS {
-            let is_mov_rbp_rsp =
-                insn.code() == Code::Mov_rm64_r64 || insn.code() == Code::Mov_r64_rm64;
-            if prev_push_rbp
-                && is_mov_rbp_rsp
+        if n <= PROLOGUE_INSNS && !frame {
+            let is_mov = matches!(insn.code(), Code::Mov_rm64_r64 | Code::Mov_r64_rm64);
+            if pushed_rbp
+                && is_mov
                 && insn.op0_register() == Register::RBP
                 && insn.op1_register() == Register::RSP
             {
                 frame = true;
+            } else if insn.mnemonic() == Mnemonic::Push && insn.op0_register() == Register::RBP {
+                pushed_rbp = true;
+            } else if moves_rsp(&insn) {
+                // rbp would not point at the saved rbp: no chain.
+                pushed_rbp = false;
             }
-            prev_push_rbp =
-                insn.mnemonic() == Mnemonic::Push && insn.op0_register() == Register::RBP;
         }
         if insn.mnemonic() == Mnemonic::Call {
             calls = true;
@@ -138,6 +155,17 @@ pub fn classify(bytes: &[u8]) -> (bool, bool) {
         }
     }
     (frame, calls)
+}
+
+/// Whether an instruction changes the stack pointer (pushes, pops, calls,
+/// and arithmetic or moves into `rsp`).
+fn moves_rsp(insn: &iced_x86::Instruction) -> bool {
+    matches!(
+        insn.mnemonic(),
+        Mnemonic::Push | Mnemonic::Pop | Mnemonic::Call | Mnemonic::Enter | Mnemonic::Leave
+    ) || (insn.op_count() > 0
+        && insn.op0_kind() == iced_x86::OpKind::Register
+        && insn.op0_register() == Register::RSP)
 }
 
 /// Counts frame set-ups in up to [`SAMPLE`] functions that make calls,
@@ -152,6 +180,7 @@ pub fn count_frames(path: &Path) -> std::io::Result<FrameCount> {
         .symbols()
         .chain(elf.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() >= 4)
+        .filter(|s| !s.name().is_ok_and(|n| STARTUP.contains(&n)))
         .map(|s| (s.address(), s.size()))
         .collect();
     funcs.sort_unstable();
@@ -306,6 +335,17 @@ mod tests {
         // The other encoding of mov rbp, rsp (48 8b ec).
         assert_eq!(
             classify(&code(&[&PUSH_RBP, &[0x48, 0x8b, 0xec], &CALL])),
+            (true, true)
+        );
+        // gcc -O2 schedules other instructions between the two:
+        // push rbp; lea rsi, [rip+0x3dc]; mov rbp, rsp.
+        assert_eq!(
+            classify(&code(&[
+                &PUSH_RBP,
+                &[0x48, 0x8d, 0x35, 0xdc, 0x03, 0, 0],
+                &MOV_RBP_RSP,
+                &CALL
+            ])),
             (true, true)
         );
         // A shrink-wrapped early exit first: test edi, edi; je; then the frame.
