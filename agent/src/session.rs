@@ -278,7 +278,7 @@ pub async fn run(
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
     let base_dir = OutputDir::prepare(&base)?;
-    symcache::init(&base_dir.path);
+    symcache::init(&base_dir.path, reporter.clone());
     stage("triggers resolved, output ready");
 
     // The eBPF programs load (the verifier) on a thread of their own, while

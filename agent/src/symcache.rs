@@ -34,13 +34,13 @@ use std::{
     io,
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
-    sync::{Mutex, OnceLock, mpsc},
+    sync::{Arc, Mutex, OnceLock, mpsc},
     thread::JoinHandle,
 };
 
 use object::Object as _;
 
-use crate::symbols::maps;
+use crate::{output::Reporter, symbols::maps};
 
 /// The cache's directory inside OUT, as perf's `--buildid-dir` takes it.
 pub const DIR: &str = ".debug";
@@ -67,14 +67,15 @@ struct Cache {
 static CACHE: OnceLock<Cache> = OnceLock::new();
 
 /// Starts the run's cache in `root/.debug` (created at the first copy).
-/// Later calls do nothing.
-pub fn init(root: &Path) {
+/// Later calls do nothing. Warnings go to `reporter`.
+pub fn init(root: &Path, reporter: Arc<Reporter>) {
     let root = root.join(DIR);
     let (tx, rx) = mpsc::channel::<i32>();
     let spawned = std::thread::Builder::new()
         .name("mt-agent-symcache".into())
         .spawn(move || {
             let mut w = Worker::new(root);
+            w.reporter = Some(reporter);
             for pid in rx {
                 w.scan(pid);
             }
@@ -121,6 +122,7 @@ struct Worker {
     /// Build-ids kept, in hex.
     kept: HashSet<String>,
     stats: Stats,
+    reporter: Option<Arc<Reporter>>,
 }
 
 impl Worker {
@@ -130,6 +132,7 @@ impl Worker {
             seen: HashSet::new(),
             kept: HashSet::new(),
             stats: Stats::default(),
+            reporter: None,
         }
     }
 
@@ -142,6 +145,18 @@ impl Worker {
         for o in objects {
             if !self.seen.insert((o.path.clone(), o.inode)) {
                 continue;
+            }
+            if o.deleted
+                && let Some(r) = &self.reporter
+            {
+                // perf re-reads /proc/PID/maps at each switch and looks up
+                // "PATH (deleted)" to read the build-id: it finds nothing.
+                r.warning(&format!(
+                    "{} was replaced or deleted on disk while pid {pid} runs it: perf cannot read \
+                     its build-id, so in the snapshots from now on its frames show as [unknown]; \
+                     earlier snapshots keep their names",
+                    o.path.display()
+                ));
             }
             match self.keep(&o.path, &o.open_path) {
                 Ok(()) => {}

@@ -229,3 +229,50 @@ fn call_graph_option_and_pass_through_conflict() {
     );
     assert!(!out.exists(), "output left behind\n{}", run.output());
 }
+
+#[test]
+fn a_binary_replaced_while_it_runs_is_warned_about_and_never_renamed() {
+    let bins = tempfile::tempdir().unwrap();
+    let app = bins.path().join("app");
+    fs::copy(target_path("unwind_old"), &app).unwrap();
+    // 8 rounds of 300 ms, a hit after each.
+    let mut t = Target::start(&app, &["8", "300"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    let first = agent.proc.wait_line(Duration::from_secs(30), |l| {
+        l.contains("\"event\":\"snapshot\"")
+    });
+    assert!(first.is_some(), "no snapshot: {:?}", agent.proc.stderr());
+    // The deploy, while the old process runs: a new file at the path.
+    fs::remove_file(&app).unwrap();
+    fs::copy(target_path("unwind_new"), &app).unwrap();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        run.stdout
+            .iter()
+            .any(|l| l.contains("\"event\":\"warning\"")
+                && l.contains("replaced or deleted")
+                && l.contains(app.to_str().unwrap())),
+        "no warning about the replaced binary\n{}",
+        run.output()
+    );
+    let files = hit_files(&run);
+    assert!(files.len() >= 4, "{}", run.output());
+    let debug = run.out.join(".debug");
+    // The first snapshot was written before the deploy: its names stay.
+    let text = perf_script_cached(&files[0].0, &debug);
+    assert!(text.contains("old_build_level3"), "{text}");
+    // None of them, before or after, takes the new build's names.
+    for (file, _, _) in &files {
+        let text = perf_script_cached(file, &debug);
+        assert!(
+            !text.contains("new_build"),
+            "{} names the new build's functions",
+            file.display()
+        );
+    }
+}
