@@ -121,6 +121,8 @@ struct Worker {
     seen: HashSet<(PathBuf, u64)>,
     /// Build-ids kept, in hex.
     kept: HashSet<String>,
+    /// Mapped files found replaced on disk, warned about: (path, inode).
+    replaced: HashSet<(PathBuf, u64)>,
     stats: Stats,
     reporter: Option<Arc<Reporter>>,
 }
@@ -131,6 +133,7 @@ impl Worker {
             root,
             seen: HashSet::new(),
             kept: HashSet::new(),
+            replaced: HashSet::new(),
             stats: Stats::default(),
             reporter: None,
         }
@@ -143,10 +146,8 @@ impl Worker {
             return;
         };
         for o in objects {
-            if !self.seen.insert((o.path.clone(), o.inode)) {
-                continue;
-            }
             if o.deleted
+                && self.replaced.insert((o.path.clone(), o.inode))
                 && let Some(r) = &self.reporter
             {
                 // perf re-reads /proc/PID/maps at each switch and looks up
@@ -157,6 +158,9 @@ impl Worker {
                      earlier snapshots keep their names",
                     o.path.display()
                 ));
+            }
+            if !self.seen.insert((o.path.clone(), o.inode)) {
+                continue;
             }
             match self.keep(&o.path, &o.open_path) {
                 Ok(()) => {}

@@ -269,6 +269,12 @@ fn a_binary_replaced_while_it_runs_is_warned_about_and_never_renamed() {
     // None of them, before or after, takes the new build's names.
     for (file, _, _) in &files {
         let text = perf_script_cached(file, &debug);
+        eprintln!(
+            "{}: {} frames named old_build_*, {} [unknown]",
+            file.display(),
+            text.matches("old_build_").count(),
+            text.matches("[unknown]").count()
+        );
         assert!(
             !text.contains("new_build"),
             "{} names the new build's functions",
