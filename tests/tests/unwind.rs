@@ -282,3 +282,58 @@ fn a_binary_replaced_while_it_runs_is_warned_about_and_never_renamed() {
         );
     }
 }
+
+#[test]
+fn exe_runs_share_one_cache_in_the_root_directory() {
+    let bin = target_path("unwind_old");
+    let exe = bin.display().to_string();
+    let mut agent = Agent::start(&["--exe", &exe, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    // Two processes of the executable, one after the other: one recorder
+    // each, in OUT/<pid>.
+    let mut pids = Vec::new();
+    for _ in 0..2 {
+        let mut p = Target::start(&bin, &["1", "100"]);
+        let pid = p.pid();
+        let started = agent.proc.wait_line(Duration::from_secs(30), |l| {
+            l.contains("\"event\":\"target_started\"") && l.contains(&format!("\"pid\":{pid}"))
+        });
+        assert!(
+            started.is_some(),
+            "no recorder for {pid}: {:?}",
+            agent.proc.stdout()
+        );
+        p.go();
+        p.wait(Duration::from_secs(30));
+        let finished = agent.proc.wait_line(Duration::from_secs(30), |l| {
+            l.contains("\"event\":\"target_finished\"") && l.contains(&format!("\"pid\":{pid}"))
+        });
+        assert!(
+            finished.is_some(),
+            "{pid} not finished: {:?}",
+            agent.proc.stdout()
+        );
+        pids.push(pid);
+    }
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let debug = run.out.join(".debug");
+    // One copy of the executable for both processes, none per process.
+    let copies = elf_copies(&debug.join(bin.strip_prefix("/").unwrap()));
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    for pid in pids {
+        let dir = run.out.join(pid.to_string());
+        assert!(!dir.join(".debug").exists());
+        let index = read_index(&dir.join("snapshots.jsonl"));
+        let file = index
+            .iter()
+            .find(|v| v["kind"] == "hit")
+            .unwrap_or_else(|| panic!("no hit snapshot for {pid}: {index:?}"))["file"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let text = perf_script_cached(&dir.join(file), &debug);
+        assert!(text.contains("old_build_level3"), "{text}");
+    }
+}
