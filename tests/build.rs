@@ -3,7 +3,8 @@
 //!
 //! Variants of `target.c`: plain; a stripped PIE that exports `trigger` only
 //! in `.dynsym`; and a stripped copy whose `trigger` is static, with separate
-//! debug info found through `.gnu_debuglink`.
+//! debug info found through `.gnu_debuglink`. `unwind.c`: two builds with
+//! different function names, and one without frame pointers.
 
 use std::{env, path::PathBuf, process::Command};
 
@@ -89,6 +90,22 @@ fn main() {
         .arg("-o")
         .arg(o("worker"))
         .arg(s("worker.cpp")));
+
+    // The unwinding and deploy tests: two builds with different function
+    // names (a deploy replaces one with the other), and one without frame
+    // pointers.
+    for (name, prefix) in [("unwind_old", "old_build"), ("unwind_new", "new_build")] {
+        run(Command::new("gcc")
+            .args(cflags)
+            .arg(format!("-DPREFIX={prefix}"))
+            .arg("-o")
+            .arg(o(name))
+            .arg(s("unwind.c")));
+    }
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-DPREFIX=nofp", "-o"])
+        .arg(o("unwind_nofp"))
+        .arg(s("unwind.c")));
 
     println!("cargo:rustc-env=MT_TEST_TARGETS={}", out.display());
 }

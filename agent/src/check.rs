@@ -372,6 +372,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
         keep: None,
         bpf_events: false,
         recording: perf::Recording::Continuous,
+        call_graph: Vec::new(),
         extra: Vec::new(),
     };
     let result = ping_perf(&spec);

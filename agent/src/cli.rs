@@ -129,6 +129,13 @@ pub struct RunArgs {
     #[arg(long, short = 'F', value_name = "HZ")]
     pub freq: Option<u32>,
 
+    /// How perf unwinds stacks: `fp` (frame pointers), `dwarf[,SIZE]` (a
+    /// copy of SIZE bytes of stack per sample, default 8192), or `auto`:
+    /// DWARF when the traced code has no frame pointers. A call-graph option
+    /// after `--` decides instead of `auto`. [default: auto]
+    #[arg(long, value_name = "MODE", value_parser = crate::unwind::parse_request)]
+    pub call_graph: Option<crate::unwind::Request>,
+
     /// Let perf record BPF program events (its default). mt-agent passes
     /// --no-bpf-event otherwise: perf would rewrite every known BPF
     /// program's info into each snapshot, slowing every switch.

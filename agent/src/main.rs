@@ -17,12 +17,14 @@
 //! * [`perf`]: spawning and driving `perf record`;
 //! * [`probe`]: loading and attaching the eBPF programs;
 //! * [`symbols`]: finding the trigger in the target's mapped objects;
+//! * [`symcache`]: the mapped objects kept by build-id in `OUT/.debug`;
 //! * [`conditions`]: `--when` and the kernel's filter table;
 //! * [`index`]: the output directory and `snapshots.jsonl`;
 //! * [`output`]: the run's text and JSON events;
 //! * [`target`], [`caps`]: the traced process and privileges;
 //! * [`check`]: `mt-agent check`, the preflight;
-//! * [`list`]: `mt-agent symbols`.
+//! * [`list`]: `mt-agent symbols`;
+//! * [`unwind`]: frame pointers or DWARF: how perf unwinds stacks.
 
 mod budget;
 mod caps;
@@ -47,7 +49,9 @@ mod run;
 mod session;
 mod snapshot;
 mod symbols;
+mod symcache;
 mod target;
+mod unwind;
 mod version;
 
 use std::{sync::Arc, time::Instant};

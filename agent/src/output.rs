@@ -57,6 +57,9 @@ pub struct Armed {
     /// Flight recorder: bytes of each of perf's rings (one per CPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flight_ring_bytes: Option<u64>,
+    /// How perf unwinds stacks (`mode`: `fp`, `dwarf,SIZE` or
+    /// `pass-through`) and why.
+    pub unwinding: crate::unwind::Unwinding,
 }
 
 impl Armed {
@@ -159,11 +162,13 @@ impl Reporter {
             .map(|c| format!("; a hit costs {}", c.describe()))
             .unwrap_or_default();
         let probes = format!(
-            "{} uprobe{} on {} in {}{cost}",
+            "{} uprobe{} on {} in {}{cost}; stacks: {} ({})",
             a.uprobes,
             if a.uprobes == 1 { "" } else { "s" },
             a.symbol,
-            a.object.display()
+            a.object.display(),
+            a.unwinding.mode,
+            a.unwinding.reason
         );
         match (a.pid, a.perf_pid, &a.exe) {
             (Some(pid), Some(perf_pid), _) => self.print(&format!(

@@ -63,6 +63,9 @@ pub struct PerfSpec {
     pub bpf_events: bool,
     /// How perf keeps its samples: all of them, or a flight recorder.
     pub recording: Recording,
+    /// How stacks are unwound: `--call-graph fp|dwarf,SIZE`, or nothing
+    /// when the extra arguments choose ([`crate::unwind::Unwinding::perf_args`]).
+    pub call_graph: Vec<String>,
     /// Extra arguments, already checked by [`crate::cli::check_perf_args`].
     pub extra: Vec<String>,
 }
@@ -134,14 +137,20 @@ impl PerfSpec {
             self.event.clone().into(),
             "-F".into(),
             self.freq.to_string().into(),
-            "-g".into(),
+        ];
+        args.extend(self.call_graph.iter().map(OsString::from));
+        args.extend([
             // Sample times on the clock of bpf_ktime_get_ns, so a hit can be
             // found inside a snapshot (`perf report --time`).
             "-k".into(),
             "CLOCK_MONOTONIC".into(),
             "--control".into(),
             format!("fd:{ctl_fd},{ack_fd}").into(),
-        ];
+            // Build-ids in the MMAP2 events (kernel 5.12+): --switch-output
+            // turns off perf's own build-id collection, and the report finds
+            // each object by build-id in OUT/.debug (crate::symcache).
+            "--buildid-mmap".into(),
+        ]);
         if let Some(n) = self.keep {
             args.push(format!("--switch-max-files={n}").into());
         }
@@ -643,6 +652,7 @@ mod tests {
             keep: Some(3),
             bpf_events: false,
             recording: Recording::FlightRecorder { ring_pages: 512 },
+            call_graph: vec!["--call-graph".into(), "fp".into()],
             extra: vec!["--call-graph".into(), "dwarf".into()],
         };
         let args: Vec<String> = spec
@@ -652,10 +662,9 @@ mod tests {
             .collect();
         assert_eq!(
             args.join(" "),
-            "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 -g \
-             -k CLOCK_MONOTONIC --control fd:5,7 --switch-max-files=3 --overwrite -m 512 \
-             --no-bpf-event \
-             --call-graph dwarf"
+            "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 \
+             --call-graph fp -k CLOCK_MONOTONIC --control fd:5,7 --buildid-mmap \
+             --switch-max-files=3 --overwrite -m 512 --no-bpf-event --call-graph dwarf"
         );
     }
 

@@ -63,6 +63,8 @@ pub struct RunSettings {
     pub max_targets: u64,
     /// How perf keeps samples between snapshots.
     pub recording: Recording,
+    /// The flight-recorder ring size was given (not the default).
+    pub flight_ring_given: bool,
     /// Disk budget, and what it covers.
     pub max_disk: Option<DiskBudget>,
 }
@@ -199,6 +201,7 @@ fn from_cli(args: &RunArgs) -> Result<(RunSettings, Vec<TriggerPlan>), Failure> 
         keep: args.keep,
         perf_args: args.perf_args.clone(),
         max_targets: args.max_targets.unwrap_or(DEFAULT_MAX_TARGETS),
+        flight_ring_given: args.flight_ring.is_some(),
         recording: recording_mode(
             args.flight_recorder,
             args.continuous,
@@ -238,6 +241,7 @@ fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerP
             .max_targets
             .or(c.max_targets)
             .unwrap_or(DEFAULT_MAX_TARGETS),
+        flight_ring_given: args.flight_ring.is_some() || c.flight_ring.is_some(),
         recording: recording_mode(
             args.flight_recorder,
             args.continuous,

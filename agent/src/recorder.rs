@@ -383,6 +383,8 @@ impl Recorder {
             return Feedback::default();
         }
         self.phase.perf_ready();
+        // perf records now: keep the objects the target maps.
+        crate::symcache::scan(self.tgid);
         if self.phase.ending().is_some() {
             // Asked to stop before it was ready: it can read `stop` now.
             let actions = self.machine.on_stop_request(now.ns);
@@ -620,6 +622,8 @@ impl Recorder {
             self.index_failed(e, now);
         }
         self.output.keep();
+        // Objects mapped since (dlopen): kept before the report needs them.
+        crate::symcache::scan(self.tgid);
         self.indexed.insert(snap.file.clone());
         self.listed.push(snap.file.clone());
         self.snapshots += 1;

@@ -30,13 +30,13 @@ use crate::{
     error::{ExitCode, Failure},
     index::{self, OutputDir},
     output::{Armed, Reporter, Summary},
-    perf::{self, PerfSpec},
+    perf::{self, PerfSpec, Recording},
     plan::{Plan, RunSettings, TriggerPlan, WatchArg, plan},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
     run::{EndReason, Outcome},
     snapshot::Policy,
     symbols::{self, Resolution, insn},
-    target,
+    symcache, target, unwind,
 };
 
 /// Runs a capture; returns the exit code.
@@ -64,9 +64,20 @@ pub async fn run(
     };
     // Resolve every trigger before creating anything.
     let resolved = resolve_all(&plan, &reporter)?;
+    let unwinding = decide_unwinding(
+        &args,
+        &plan.settings,
+        resolved.iter().map(|r| (&r.res, &r.watch)),
+    )?;
+    reporter.verbose(&format!(
+        "stacks: --call-graph {} ({})",
+        unwinding.mode, unwinding.reason
+    ));
+    let recording = recording_for(&plan.settings, &unwinding);
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
     let run_dir = OutputDir::prepare(&plan.output_dir(&index::local_timestamp()))?;
+    symcache::init(&run_dir.path, reporter.clone());
     stage("triggers resolved, output ready");
     let loader = spawn_loader(&plan, &args, &resolved, version)?;
     let event = plan
@@ -74,27 +85,35 @@ pub async fn run(
         .event
         .clone()
         .unwrap_or_else(|| perf::default_event().to_string());
-    let triggers = trigger_setups(&plan, resolved, &run_dir.path, &event);
+    let shown = Shown {
+        event: &event,
+        settings: &plan.settings,
+        recording,
+        unwinding: &unwinding,
+    };
+    let triggers = trigger_setups(&plan, resolved, &run_dir.path, &shown);
 
     // Handlers go in before anything can take long, so that a signal is a
     // clean end from here on.
     let signals = Signals::install()?;
     let (events_tx, events) = unbounded_channel();
+    let perf = PerfSpec {
+        perf: perf_path,
+        pid: 0,
+        output: PathBuf::new(),
+        event: event.clone(),
+        freq: plan.settings.freq,
+        keep: plan.settings.keep,
+        bpf_events: args.perf_bpf_events,
+        call_graph: unwinding.perf_args(),
+        recording,
+        extra: plan.settings.perf_args.clone(),
+    };
     let handle = driver::spawn(
         Setup {
             triggers,
             loader: Some(loader),
-            perf: PerfSpec {
-                perf: perf_path,
-                pid: 0,
-                output: PathBuf::new(),
-                event,
-                freq: plan.settings.freq,
-                keep: plan.settings.keep,
-                bpf_events: args.perf_bpf_events,
-                recording: plan.settings.recording,
-                extra: plan.settings.perf_args.clone(),
-            },
+            perf,
             keeper: plan
                 .settings
                 .max_disk
@@ -111,6 +130,10 @@ pub async fn run(
     )?;
     let (outcome, armed) = wait(&handle, events, signals, args.duration).await?;
     handle.join();
+    let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
+    if let Some(kept) = symcache::finish(wrote) {
+        log_symcache(&reporter, &kept);
+    }
     Ok(summarise(
         &reporter,
         &plan,
@@ -120,6 +143,34 @@ pub async fn run(
         started,
     ))
 }
+
+/// What every trigger's `armed` event shows of the run's settings.
+struct Shown<'a> {
+    event: &'a str,
+    settings: &'a RunSettings,
+    recording: Recording,
+    unwinding: &'a unwind::Unwinding,
+}
+
+/// The recording mode once the unwinding is known: a flight-recorder ring
+/// left at its default grows to [`DWARF_FLIGHT_RING`] for DWARF stacks,
+/// whose samples are ~8 KiB instead of ~100 bytes (docs/flight-recorder.md).
+fn recording_for(settings: &RunSettings, unwinding: &unwind::Unwinding) -> Recording {
+    match settings.recording {
+        Recording::FlightRecorder { .. }
+            if !settings.flight_ring_given && unwinding.mode.starts_with("dwarf") =>
+        {
+            Recording::FlightRecorder {
+                ring_pages: perf::ring_pages(DWARF_FLIGHT_RING),
+            }
+        }
+        r => r,
+    }
+}
+
+/// The flight-recorder ring for DWARF stacks unless told otherwise, bytes:
+/// ~8.4 KiB a sample at `dwarf,8192`, so ~2 s of one busy CPU at 999 Hz.
+const DWARF_FLIGHT_RING: u64 = 16 << 20;
 
 /// The kernel is recent enough, and we may trace each trigger's target.
 /// Errors (exit code 3): an old kernel, missing privileges.
@@ -232,7 +283,7 @@ fn trigger_setups(
     plan: &Plan,
     resolved: Vec<Resolved>,
     run_dir: &Path,
-    event: &str,
+    shown: &Shown,
 ) -> Vec<TriggerSetup> {
     let mut setups = Vec::new();
     for (i, (t, r)) in plan.triggers.iter().zip(resolved).enumerate() {
@@ -244,7 +295,7 @@ fn trigger_setups(
         };
         setups.push(TriggerSetup {
             index,
-            armed: armed(index, &r, &out, event, &plan.settings),
+            armed: armed(index, &r, &out, shown),
             plan: AttachPlan {
                 trigger: index,
                 path: r.res.object.open_path.clone(),
@@ -264,7 +315,7 @@ fn trigger_setups(
 }
 
 /// A trigger's `armed` event, less what is known only once it is armed.
-fn armed(index: u32, r: &Resolved, out: &Path, event: &str, settings: &RunSettings) -> Armed {
+fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown) -> Armed {
     let res = &r.res;
     Armed {
         pid: match r.watch {
@@ -277,8 +328,8 @@ fn armed(index: u32, r: &Resolved, out: &Path, event: &str, settings: &RunSettin
             Watch::Pid(_) => None,
         },
         trigger: index,
-        event: event.to_string(),
-        freq: settings.freq,
+        event: shown.event.to_string(),
+        freq: shown.settings.freq,
         symbol: if res.probe_offset > 0 {
             format!("{}+{:#x}", res.function.demangled, res.probe_offset)
         } else {
@@ -295,8 +346,9 @@ fn armed(index: u32, r: &Resolved, out: &Path, event: &str, settings: &RunSettin
         output: out.to_path_buf(),
         time_to_armed_ms: 0.0,
         perf_ready_ms: 0.0,
-        recording: settings.recording.name(),
-        flight_ring_bytes: settings.recording.ring_bytes(),
+        recording: shown.recording.name(),
+        flight_ring_bytes: shown.recording.ring_bytes(),
+        unwinding: shown.unwinding.clone(),
     }
 }
 
@@ -390,6 +442,61 @@ fn summarise(
         extra_processes: outcome.extra_processes,
     });
     code
+}
+
+/// Frame pointers or DWARF, from `--call-graph`, the pass-through and the
+/// code of each trigger's executable and object. Errors (exit code 2) when
+/// `--call-graph` and the pass-through both choose.
+fn decide_unwinding<'a>(
+    args: &RunArgs,
+    settings: &RunSettings,
+    traced: impl Iterator<Item = (&'a Resolution, &'a Watch)>,
+) -> Result<unwind::Unwinding, Failure> {
+    let mut objects: Vec<(String, PathBuf)> = Vec::new();
+    for (res, watch) in traced {
+        let exe = match watch {
+            Watch::Pid(pid) => {
+                let path = PathBuf::from(format!("/proc/{pid}/exe"));
+                let name = std::fs::read_link(&path).unwrap_or_else(|_| path.clone());
+                (name, path)
+            }
+            Watch::Exe { path, .. } => (path.clone(), path.clone()),
+        };
+        for (name, path) in [exe, (res.object.path.clone(), res.object.open_path.clone())] {
+            let name = name.file_name().map_or_else(
+                || name.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            if !objects.iter().any(|(n, _)| *n == name) {
+                objects.push((name, path));
+            }
+        }
+    }
+    let refs: Vec<(String, &Path)> = objects
+        .iter()
+        .map(|(n, p)| (n.clone(), p.as_path()))
+        .collect();
+    unwind::decide(args.call_graph, &settings.perf_args, &refs).map_err(Failure::usage)
+}
+
+/// The -v line on what `OUT/.debug` keeps.
+fn log_symcache(reporter: &Reporter, kept: &symcache::Stats) {
+    reporter.verbose(&format!(
+        "{} object(s), {} bytes, kept by build-id in {}",
+        kept.objects,
+        kept.bytes,
+        symcache::DIR
+    ));
+    for p in &kept.without_build_id {
+        reporter.warning(&format!(
+            "{} has no build-id: a report names its functions from whatever file is at that \
+             path then",
+            p.display()
+        ));
+    }
+    for f in &kept.failed {
+        reporter.verbose(&format!("not kept: {f}"));
+    }
 }
 
 /// (device, inode) of an executable for `--exe`. Errors (exit code 2) when

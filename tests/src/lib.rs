@@ -640,9 +640,34 @@ pub struct Sample {
     pub frames: Vec<String>,
 }
 
+/// Runs `perf --buildid-dir DEBUG_DIR script -i FILE` (the objects kept by
+/// build-id in the run's `OUT/.debug`) and returns its output; panics if
+/// perf fails.
+pub fn perf_script_cached(file: &Path, debug_dir: &Path) -> String {
+    let out = Command::new(perf_bin().expect("perf"))
+        .arg("--buildid-dir")
+        .arg(debug_dir)
+        .args(["script", "-F", "pid,tid,time,ip,sym", "--ns", "-i"])
+        .arg(file)
+        .output()
+        .expect("perf script");
+    assert!(
+        out.status.success(),
+        "perf --buildid-dir {} script -i {}: {}",
+        debug_dir.display(),
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The samples of a snapshot file, with their call stacks.
 pub fn perf_samples(file: &Path) -> Vec<Sample> {
-    let text = perf_script(file);
+    parse_samples(&perf_script(file))
+}
+
+/// Parses `perf script -F pid,tid,time,ip,sym --ns` output into samples.
+pub fn parse_samples(text: &str) -> Vec<Sample> {
     let mut out: Vec<Sample> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {

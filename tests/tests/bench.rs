@@ -38,6 +38,7 @@ fn bench_quick_runs_every_part() {
         "Storm",
         "Time to armed",
         "Waiting: a busy 2-thread target",
+        "Stacks: frame pointers vs DWARF",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -85,6 +86,12 @@ fn bench_quick_runs_every_part() {
     assert_eq!(waiting.len(), 2, "{waiting:?}");
     for w in waiting {
         assert!(w["out_bytes_while_waiting"].as_u64().is_some(), "{w}");
+    }
+    let stacks = r["stacks"].as_array().unwrap();
+    assert_eq!(stacks.len(), 3, "fp, dwarf,8192, dwarf,16384");
+    for row in stacks {
+        assert!(row["samples"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["bytes_per_sample"].as_f64().unwrap() > 0.0, "{row}");
     }
     // Nothing left behind.
     assert_no_programs_loaded("after the bench");

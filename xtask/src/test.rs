@@ -24,6 +24,7 @@ const E2E: &[&str] = &[
     "faults",
     "fleet",
     "recording",
+    "unwind",
     "bench",
 ];
 

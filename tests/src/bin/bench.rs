@@ -131,7 +131,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -163,6 +163,11 @@ fn main() {
     } else {
         Value::Array(Vec::new())
     };
+    let stacks = if part("stacks") {
+        stacks(&plan)
+    } else {
+        Value::Array(Vec::new())
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -175,6 +180,7 @@ fn main() {
         "storm": storm,
         "time_to_armed": armed,
         "waiting": waiting,
+        "stacks": stacks,
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
@@ -1010,6 +1016,64 @@ fn waiting_run(plan: &Plan, mode: &str) -> Value {
     v
 }
 
+/// The flight-recorder ring the stacks table sizes its window with, bytes.
+const RING_BYTES: f64 = 16.0 * 1024.0 * 1024.0;
+
+/// One run of the stacks table: the frame-pointer-less target spins four
+/// calls below main, then calls the trigger once; mt-agent records it with
+/// `--call-graph MODE` at 999 Hz.
+fn stacks_run(plan: &Plan, mode: &str) -> Value {
+    let spin_ms = if plan.quick { "500" } else { "5000" };
+    let mut t = Target::start(&target_path("unwind_nofp"), &["1", spin_ms]);
+    let pid = t.pid().to_string();
+    let mut a = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--call-graph",
+        mode,
+        "--json",
+    ]);
+    a.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(60));
+    let run = a.finish(FINISH);
+    let s = run.summary().unwrap_or(Value::Null);
+    let (mut samples, mut reach) = (0u64, 0u64);
+    for f in perf_files(&run.out) {
+        for smp in perf_samples(&run.out.join(f)) {
+            samples += 1;
+            reach += u64::from(smp.frames.iter().any(|f| f == "main"));
+        }
+    }
+    let bytes = dir_bytes(&run.out);
+    let per_sample = bytes as f64 / samples.max(1) as f64;
+    let perf_cpu = s["perf_cpu_s"].as_f64();
+    let v = json!({
+        "mode": mode,
+        "samples": samples,
+        "reach_main_percent": 100.0 * reach as f64 / samples.max(1) as f64,
+        "snapshot_bytes": bytes,
+        "bytes_per_sample": per_sample,
+        "perf_cpu_s": perf_cpu,
+        // How far back a 16 MiB flight-recorder ring reaches with one busy
+        // thread sampled at 999 Hz: derived from bytes per sample.
+        "ring_16mib_seconds": RING_BYTES / (per_sample * 999.0),
+    });
+    eprintln!("bench: stacks {mode:<12} {v}");
+    v
+}
+
+fn stacks(plan: &Plan) -> Value {
+    Value::Array(
+        ["fp", "dwarf,8192", "dwarf,16384"]
+            .iter()
+            .map(|m| stacks_run(plan, m))
+            .collect(),
+    )
+}
+
 fn f(v: &Value) -> String {
     match v.as_f64() {
         Some(x) if x.is_finite() && x.abs() >= 100.0 => format!("{x:.0}"),
@@ -1159,6 +1223,24 @@ fn print_tables(r: &Value) {
             f(&w["agent_cpu_s"]),
             w["agent_peak_rss_kib"],
             cont.map_or("-".into(), |c| format!("{:.4}", bph / c)),
+        );
+    }
+    println!(
+        "\n### Stacks: frame pointers vs DWARF, a target built with -fomit-frame-pointer at 999 Hz\n"
+    );
+    println!(
+        "| --call-graph | samples | reach main | bytes per sample | perf CPU (s, start-up included) | a 16 MiB ring reaches back (s) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for row in r["stacks"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {} | {:.0}% | {} | {:.2} | {} |",
+            row["mode"].as_str().unwrap_or(""),
+            row["samples"],
+            row["reach_main_percent"].as_f64().unwrap_or(f64::NAN),
+            f(&row["bytes_per_sample"]),
+            row["perf_cpu_s"].as_f64().unwrap_or(f64::NAN),
+            f(&row["ring_16mib_seconds"]),
         );
     }
     println!("\n### Time to armed\n");

@@ -1,0 +1,436 @@
+//! How perf unwinds the stacks it samples: frame pointers (`--call-graph
+//! fp`, what `-g` means) or DWARF (`--call-graph dwarf,SIZE`), chosen by
+//! looking at the traced objects' code.
+//!
+//! With frame pointers, the kernel walks the chain of saved `rbp`s at each
+//! sample: cheap, but code built with `-fomit-frame-pointer` (gcc's default
+//! at -O1 and above, and how Debian builds its packages) breaks the chain
+//! after the leaf. In DWARF mode the kernel copies SIZE bytes of the user
+//! stack and the registers into each sample (`PERF_SAMPLE_STACK_USER`,
+//! `PERF_SAMPLE_REGS_USER`), and `perf script`/`report` unwind it later with
+//! the objects' `.eh_frame`: whole stacks, at the price of SIZE bytes per
+//! sample (docs/unwinding.md has the figures).
+//!
+//! The check: in each traced object (the executable, and the object of the
+//! trigger), sample up to [`SAMPLE`] functions that make calls, and look for
+//! the frame set-up `push rbp; mov rbp, rsp` in their first
+//! [`PROLOGUE_INSNS`] instructions. An object keeps frame pointers when at
+//! least half of them have it. Leaf functions are left out: gcc's
+//! `-momit-leaf-frame-pointer` drops their frames without breaking a chain.
+
+use std::{fs::File, path::Path};
+
+use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, Register};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+use serde::Serialize;
+
+/// perf's own default stack copy for `--call-graph dwarf`, bytes. Enough for
+/// nginx's whole stack on Debian (from `ngx_writev` to `main`).
+pub const DEFAULT_DWARF_BYTES: u32 = 8192;
+/// Functions sampled per object.
+pub const SAMPLE: usize = 200;
+/// Instructions of each function searched for the frame set-up (gcc
+/// shrink-wraps some early exits before it; Go checks its stack first).
+pub const PROLOGUE_INSNS: usize = 12;
+
+/// Start-up code the C runtime links into every program, built its own way
+/// (`_start` never has a frame): left out, or it would sway the count of a
+/// small program.
+const STARTUP: [&str; 8] = [
+    "_start",
+    "_init",
+    "_fini",
+    "__do_global_dtors_aux",
+    "frame_dummy",
+    "register_tm_clones",
+    "deregister_tm_clones",
+    "__libc_csu_init",
+];
+
+/// What `--call-graph` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Decide from the code (the default).
+    Auto,
+    Fp,
+    /// DWARF with this stack copy, bytes.
+    Dwarf(u32),
+}
+
+/// Parses `auto`, `fp`, `dwarf` or `dwarf,SIZE` (SIZE in bytes, a multiple
+/// of 8 up to 65528, perf's limits in `parse_callchain_record`).
+pub fn parse_request(s: &str) -> Result<Request, String> {
+    match s {
+        "auto" => return Ok(Request::Auto),
+        "fp" => return Ok(Request::Fp),
+        "dwarf" => return Ok(Request::Dwarf(DEFAULT_DWARF_BYTES)),
+        _ => {}
+    }
+    let size = s
+        .strip_prefix("dwarf,")
+        .ok_or_else(|| format!("`{s}`: expected auto, fp, dwarf or dwarf,SIZE"))?;
+    let n: u32 = size
+        .parse()
+        .map_err(|_| format!("`{size}` is not a size in bytes"))?;
+    if n == 0 || !n.is_multiple_of(8) || n > 65528 {
+        return Err(format!(
+            "dwarf stack size {n}: must be a multiple of 8 between 8 and 65528 (perf's limits)"
+        ));
+    }
+    Ok(Request::Dwarf(n))
+}
+
+/// The unwinding a run uses, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unwinding {
+    /// perf's `--call-graph` value: `fp` or `dwarf,8192`; `pass-through`
+    /// when perf arguments after `--` decide.
+    pub mode: String,
+    /// One phrase: what was found, or that the user chose.
+    pub reason: String,
+}
+
+impl Unwinding {
+    /// The arguments for `perf record` (none when the pass-through decides).
+    pub fn perf_args(&self) -> Vec<String> {
+        if self.mode == "pass-through" {
+            Vec::new()
+        } else {
+            vec!["--call-graph".into(), self.mode.clone()]
+        }
+    }
+}
+
+/// How many sampled functions of an object set up a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FrameCount {
+    pub with_frame: usize,
+    pub sampled: usize,
+}
+
+impl FrameCount {
+    /// At least half of the sampled functions set up a frame. An object with
+    /// no function to sample counts as keeping them (nothing to unwind).
+    pub fn keeps_frame_pointers(&self) -> bool {
+        self.sampled == 0 || self.with_frame * 2 >= self.sampled
+    }
+}
+
+/// Whether a function's first [`PROLOGUE_INSNS`] instructions set up a frame
+/// (`push rbp`, then `mov rbp, rsp` with nothing moving the stack pointer in
+/// between: gcc schedules other instructions there), and whether its body
+/// makes a call. `bytes` is the function's body.
+pub fn classify(bytes: &[u8]) -> (bool, bool) {
+    let mut d = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
+    let mut frame = false;
+    let mut calls = false;
+    let mut pushed_rbp = false;
+    let mut n = 0;
+    while d.can_decode() {
+        let insn = d.decode();
+        if insn.is_invalid() {
+            break;
+        }
+        n += 1;
+        if n <= PROLOGUE_INSNS && !frame {
+            let is_mov = matches!(insn.code(), Code::Mov_rm64_r64 | Code::Mov_r64_rm64);
+            if pushed_rbp
+                && is_mov
+                && insn.op0_register() == Register::RBP
+                && insn.op1_register() == Register::RSP
+            {
+                frame = true;
+            } else if insn.mnemonic() == Mnemonic::Push && insn.op0_register() == Register::RBP {
+                pushed_rbp = true;
+            } else if moves_rsp(&insn) {
+                // rbp would not point at the saved rbp: no chain.
+                pushed_rbp = false;
+            }
+        }
+        if insn.mnemonic() == Mnemonic::Call {
+            calls = true;
+        }
+        if frame && calls {
+            break;
+        }
+    }
+    (frame, calls)
+}
+
+/// Whether an instruction changes the stack pointer (pushes, pops, calls,
+/// and arithmetic or moves into `rsp`).
+fn moves_rsp(insn: &iced_x86::Instruction) -> bool {
+    matches!(
+        insn.mnemonic(),
+        Mnemonic::Push | Mnemonic::Pop | Mnemonic::Call | Mnemonic::Enter | Mnemonic::Leave
+    ) || (insn.op_count() > 0
+        && insn.op0_kind() == iced_x86::OpKind::Register
+        && insn.op0_register() == Register::RSP)
+}
+
+/// Counts frame set-ups in up to [`SAMPLE`] functions that make calls,
+/// spread evenly over the object's functions (`.symtab`, else `.dynsym`).
+pub fn count_frames(path: &Path) -> std::io::Result<FrameCount> {
+    let file = File::open(path)?;
+    // SAFETY: read-only mapping; bytes changed underneath only skew the count.
+    let data = unsafe { memmap2::Mmap::map(&file) }?;
+    let elf = object::File::parse(&*data)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let mut funcs: Vec<(u64, u64)> = elf
+        .symbols()
+        .chain(elf.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() >= 4)
+        .filter(|s| !s.name().is_ok_and(|n| STARTUP.contains(&n)))
+        .map(|s| (s.address(), s.size()))
+        .collect();
+    funcs.sort_unstable();
+    funcs.dedup_by_key(|f| f.0);
+    let segments: Vec<(u64, u64, u64)> = elf
+        .segments()
+        .filter_map(|s| {
+            let (off, len) = s.file_range();
+            Some((s.address(), off, len)).filter(|_| len > 0)
+        })
+        .collect();
+    let body = |addr: u64, size: u64| -> Option<&[u8]> {
+        let (va, off, len) = segments
+            .iter()
+            .find(|(va, _, len)| addr >= *va && addr < va + len)?;
+        let start = (addr - va + off) as usize;
+        let end = start + size.min(va + len - addr) as usize;
+        data.get(start..end)
+    };
+    // Every k-th function, then more if too few of those make calls.
+    let step = (funcs.len() / (SAMPLE * 2)).max(1);
+    let mut count = FrameCount::default();
+    for &(addr, size) in funcs.iter().step_by(step) {
+        let Some(bytes) = body(addr, size.min(4096)) else {
+            continue;
+        };
+        let (frame, calls) = classify(bytes);
+        if calls {
+            count.sampled += 1;
+            count.with_frame += usize::from(frame);
+            if count.sampled == SAMPLE {
+                break;
+            }
+        }
+    }
+    Ok(count)
+}
+
+/// Whether perf arguments passed after `--` choose the unwinding themselves
+/// (`-g` alone or in a cluster, `--call-graph`, `--no-call-graph`).
+pub fn pass_through_decides(perf_args: &[String]) -> bool {
+    perf_args.iter().any(|a| {
+        a.starts_with("--call-graph")
+            || a.starts_with("--no-call-graph")
+            || (a.starts_with('-') && !a.starts_with("--") && short_cluster_has_g(&a[1..]))
+    })
+}
+
+/// `-g`, `-ag`, `-gT`: perf's flags without a value before the `g` (see
+/// `cli::short_cluster_forbidden`).
+fn short_cluster_has_g(body: &str) -> bool {
+    for c in body.chars() {
+        if c == 'g' {
+            return true;
+        }
+        if !"aqnvsTdPRBNbWi".contains(c) {
+            return false;
+        }
+    }
+    false
+}
+
+/// Decides the unwinding. `objects` are the traced objects (executable,
+/// trigger's object): a name for messages and the path to open them by.
+///
+/// Errors (as a message for exit code 2) when `--call-graph` and a
+/// pass-through both choose.
+pub fn decide(
+    request: Option<Request>,
+    perf_args: &[String],
+    objects: &[(String, &Path)],
+) -> Result<Unwinding, String> {
+    let pass = pass_through_decides(perf_args);
+    match (request, pass) {
+        (Some(_), true) => {
+            return Err(
+                "--call-graph and a call-graph option after `--` (-g, --call-graph) both choose \
+                 how stacks are unwound; keep one"
+                    .into(),
+            );
+        }
+        (None, true) => {
+            return Ok(Unwinding {
+                mode: "pass-through".into(),
+                reason: "chosen by the perf arguments after `--`".into(),
+            });
+        }
+        (Some(Request::Fp), _) => return Ok(chosen("fp")),
+        (Some(Request::Dwarf(n)), _) => return Ok(chosen(&format!("dwarf,{n}"))),
+        (Some(Request::Auto) | None, false) => {}
+    }
+    let mut without = Vec::new();
+    let mut checked = Vec::new();
+    for (name, path) in objects {
+        match count_frames(path) {
+            Ok(c) if !c.keeps_frame_pointers() => without.push(format!(
+                "{name}: {} of {} functions set one up",
+                c.with_frame, c.sampled
+            )),
+            Ok(c) => checked.push(format!(
+                "{name}: {} of {} functions set one up",
+                c.with_frame, c.sampled
+            )),
+            Err(e) => without.push(format!("{name}: unreadable ({e})")),
+        }
+    }
+    Ok(if without.is_empty() {
+        Unwinding {
+            mode: "fp".into(),
+            reason: format!("frame pointers kept: {}", checked.join("; ")),
+        }
+    } else {
+        Unwinding {
+            mode: format!("dwarf,{DEFAULT_DWARF_BYTES}"),
+            reason: format!("no frame pointers: {}", without.join("; ")),
+        }
+    })
+}
+
+fn chosen(mode: &str) -> Unwinding {
+    Unwinding {
+        mode: mode.into(),
+        reason: "chosen with --call-graph".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENDBR: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    const PUSH_RBP: [u8; 1] = [0x55];
+    const MOV_RBP_RSP: [u8; 3] = [0x48, 0x89, 0xe5];
+    const CALL: [u8; 5] = [0xe8, 0, 0, 0, 0];
+    const RET: [u8; 1] = [0xc3];
+
+    fn code(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    #[test]
+    fn frame_set_up_is_recognized() {
+        // gcc -fno-omit-frame-pointer, with and without CET.
+        assert_eq!(
+            classify(&code(&[&PUSH_RBP, &MOV_RBP_RSP, &CALL, &RET])),
+            (true, true)
+        );
+        assert_eq!(
+            classify(&code(&[&ENDBR, &PUSH_RBP, &MOV_RBP_RSP, &CALL, &RET])),
+            (true, true)
+        );
+        // The other encoding of mov rbp, rsp (48 8b ec).
+        assert_eq!(
+            classify(&code(&[&PUSH_RBP, &[0x48, 0x8b, 0xec], &CALL])),
+            (true, true)
+        );
+        // gcc -O2 schedules other instructions between the two:
+        // push rbp; lea rsi, [rip+0x3dc]; mov rbp, rsp.
+        assert_eq!(
+            classify(&code(&[
+                &PUSH_RBP,
+                &[0x48, 0x8d, 0x35, 0xdc, 0x03, 0, 0],
+                &MOV_RBP_RSP,
+                &CALL
+            ])),
+            (true, true)
+        );
+        // A shrink-wrapped early exit first: test edi, edi; je; then the frame.
+        assert_eq!(
+            classify(&code(&[
+                &[0x85, 0xff, 0x74, 0x01],
+                &RET,
+                &PUSH_RBP,
+                &MOV_RBP_RSP,
+                &CALL
+            ])),
+            (true, true)
+        );
+    }
+
+    #[test]
+    fn code_without_frame_pointers_is_recognized() {
+        // -fomit-frame-pointer: sub rsp, 8; call; add rsp, 8; ret.
+        let omit = code(&[
+            &[0x48, 0x83, 0xec, 0x08],
+            &CALL,
+            &[0x48, 0x83, 0xc4, 0x08],
+            &RET,
+        ]);
+        assert_eq!(classify(&omit), (false, true));
+        // rbp pushed as a callee-saved register and used for data.
+        let saved = code(&[&PUSH_RBP, &[0x48, 0x89, 0xfd], &CALL, &[0x5d], &RET]);
+        assert_eq!(classify(&saved), (false, true));
+        // push rbp; push rbx; mov rbp, rsp: not directly after the push.
+        let apart = code(&[&PUSH_RBP, &[0x53], &MOV_RBP_RSP, &CALL]);
+        assert_eq!(classify(&apart), (false, true));
+        // A leaf: no call.
+        assert_eq!(
+            classify(&code(&[&PUSH_RBP, &MOV_RBP_RSP, &RET])),
+            (true, false)
+        );
+    }
+
+    #[test]
+    fn the_majority_decides() {
+        let c = |with_frame, sampled| FrameCount {
+            with_frame,
+            sampled,
+        };
+        assert!(c(190, 200).keeps_frame_pointers());
+        assert!(c(100, 200).keeps_frame_pointers());
+        assert!(!c(3, 200).keeps_frame_pointers());
+        assert!(c(0, 0).keeps_frame_pointers());
+    }
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(parse_request("auto"), Ok(Request::Auto));
+        assert_eq!(parse_request("fp"), Ok(Request::Fp));
+        assert_eq!(parse_request("dwarf"), Ok(Request::Dwarf(8192)));
+        assert_eq!(parse_request("dwarf,16384"), Ok(Request::Dwarf(16384)));
+        assert!(parse_request("dwarf,100").is_err());
+        assert!(parse_request("dwarf,0").is_err());
+        assert!(parse_request("lbr").is_err());
+    }
+
+    #[test]
+    fn pass_through_and_the_option_do_not_both_choose() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert!(pass_through_decides(&s(&["-g"])));
+        assert!(pass_through_decides(&s(&["-ag"])));
+        assert!(pass_through_decides(&s(&["--call-graph=dwarf"])));
+        assert!(pass_through_decides(&s(&["--call-graph", "lbr"])));
+        assert!(!pass_through_decides(&s(&["-e", "cycles", "-F99"])));
+        // -c takes a value: `-cg` is a count of "g", not -g.
+        assert!(!pass_through_decides(&s(&["-cg"])));
+        let u = decide(None, &s(&["--call-graph", "lbr"]), &[]).unwrap();
+        assert_eq!(u.mode, "pass-through");
+        assert!(u.perf_args().is_empty());
+        assert!(decide(Some(Request::Fp), &s(&["-g"]), &[]).is_err());
+        let u = decide(Some(Request::Dwarf(16384)), &[], &[]).unwrap();
+        assert_eq!(u.perf_args(), ["--call-graph", "dwarf,16384"]);
+    }
+
+    #[test]
+    fn our_own_test_binary_is_classified() {
+        // Rust builds without frame pointers by default; whatever this
+        // binary is, the count must have sampled functions that call.
+        let exe = std::env::current_exe().unwrap();
+        let c = count_frames(&exe).unwrap();
+        assert!(c.sampled > 50, "{c:?}");
+    }
+}

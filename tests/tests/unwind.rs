@@ -1,0 +1,344 @@
+//! Stacks and symbols that stay right: the objects kept by build-id in
+//! `OUT/.debug` name the captured code after a deploy replaced or deleted the
+//! binary and after OUT was copied; and a target built without frame
+//! pointers gets whole stacks with the defaults. Privileged.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+/// The `armed` JSON event of a run.
+fn armed(run: &Run) -> Value {
+    run.stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "armed")
+        .unwrap_or_else(|| panic!("no armed event\n{}", run.output()))
+}
+
+/// The snapshot files that hold hits, with the (tid, ktime_ns) of the first
+/// hit of each. The target exits right after its last call, so that hit may
+/// land in the tail (listed there, merged) rather than in a file of its own.
+fn hit_files(run: &Run) -> Vec<(PathBuf, i64, u64)> {
+    run.index
+        .iter()
+        .filter(|e| {
+            (e["kind"] == "hit" || e["kind"] == "tail")
+                && e["hits"].as_array().is_some_and(|h| !h.is_empty())
+        })
+        .map(|e| {
+            let hit = &e["hits"][0];
+            (
+                run.out.join(e["file"].as_str().unwrap()),
+                hit["tid"].as_i64().unwrap(),
+                hit["ktime_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Files named `elf` below `dir`.
+fn elf_copies(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(elf_copies(&p));
+        } else if p.file_name().is_some_and(|n| n == "elf") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Checks every hit snapshot: with the kept objects, the old build's names
+/// appear and the new build's never do.
+fn assert_old_names(files: &[(PathBuf, i64, u64)], debug: &Path, when: &str) {
+    for (file, _, _) in files {
+        let text = perf_script_cached(file, debug);
+        assert!(
+            text.contains("old_build_level3") && text.contains("old_build_run"),
+            "{when}: {} does not name the captured build's functions:\n{}",
+            file.display(),
+            text.lines().take(40).collect::<Vec<_>>().join("\n")
+        );
+        assert!(
+            !text.contains("new_build"),
+            "{when}: {} names the new build's functions",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn a_deploy_does_not_rename_the_captured_functions() {
+    let bins = tempfile::tempdir().unwrap();
+    let app = bins.path().join("app");
+    fs::copy(target_path("unwind_old"), &app).unwrap();
+    let mut t = Target::start(&app, &["2", "200"]);
+    let run = capture(&mut t, &["--symbol", "trigger"]);
+    let files = hit_files(&run);
+    assert_eq!(files.len(), 2, "{}", run.output());
+    assert_eq!(armed(&run)["unwinding"]["mode"], "fp", "{}", run.output());
+    let debug = run.out.join(".debug");
+    // Kept once, however many snapshots name it.
+    let app_copies = elf_copies(&debug.join(app.strip_prefix("/").unwrap()));
+    assert_eq!(app_copies.len(), 1, "{app_copies:?}");
+    let kept: u64 = elf_copies(&debug)
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().len())
+        .sum();
+    eprintln!("OUT/.debug keeps {kept} bytes of objects");
+
+    // The deploy: the new build written over the old file, in place (same
+    // inode, as `cp` does: a hard link to it would change too).
+    fs::copy(target_path("unwind_new"), &app).unwrap();
+    // Without the kept objects, perf finds a file with another build-id at
+    // the path: the captured functions are gone.
+    for (file, _, _) in &files {
+        let plain = perf_script(file);
+        assert!(
+            !plain.contains("old_build_level3"),
+            "perf named old functions without the cache: is the test binary not replaced?"
+        );
+    }
+    assert_old_names(&files, &debug, "after the deploy");
+
+    // The binary deleted, OUT copied elsewhere and the original removed.
+    fs::remove_file(&app).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("copied-out");
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(&run.out)
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a {} failed", run.out.display());
+    fs::remove_dir_all(&run.out).unwrap();
+    let moved: Vec<_> = files
+        .iter()
+        .map(|(f, tid, k)| (copy.join(f.file_name().unwrap()), *tid, *k))
+        .collect();
+    assert_old_names(&moved, &copy.join(".debug"), "after deleting and copying");
+}
+
+/// Of the samples of thread `tid` in the `window_ns` before `ktime_ns`: how
+/// many there are, and how many reach `main`.
+fn moment_reach(text: &str, tid: i64, ktime_ns: u64, window_ns: u64) -> (usize, usize) {
+    let moment: Vec<Sample> = parse_samples(text)
+        .into_iter()
+        .filter(|s| {
+            s.tid as i64 == tid && s.time_ns <= ktime_ns && s.time_ns + window_ns >= ktime_ns
+        })
+        .collect();
+    let reach = moment
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f == "main"))
+        .count();
+    (moment.len(), reach)
+}
+
+/// Runs the agent on the frame-pointer-less target and returns, summed over
+/// its hits, (samples in the moments, samples that reach main), and the run.
+fn capture_nofp(extra: &[&str]) -> ((usize, usize), Run) {
+    let mut t = Target::start(&target_path("unwind_nofp"), &["2", "300"]);
+    let mut args = vec!["--symbol", "trigger"];
+    args.extend_from_slice(extra);
+    let run = capture(&mut t, &args);
+    let files = hit_files(&run);
+    assert_eq!(files.len(), 2, "{}", run.output());
+    let debug = run.out.join(".debug");
+    let mut total = (0, 0);
+    for (file, tid, ktime) in &files {
+        // The last 200 ms before the hit: all of it spinning in
+        // nofp_level3, four calls below main.
+        let (n, reach) = moment_reach(&perf_script_cached(file, &debug), *tid, *ktime, 200_000_000);
+        total.0 += n;
+        total.1 += reach;
+    }
+    (total, run)
+}
+
+#[test]
+fn stacks_reach_main_without_frame_pointers() {
+    let ((n, reach), run) = capture_nofp(&[]);
+    eprintln!("DWARF: {reach} of {n} samples of the moments reach main");
+    let a = armed(&run);
+    assert!(
+        a["unwinding"]["mode"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("dwarf,")),
+        "the defaults should pick DWARF unwinding: {a}"
+    );
+    assert!(
+        a["unwinding"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no frame pointers") && r.contains("unwind_nofp")),
+        "{a}"
+    );
+    // 2 × 200 ms at 999 Hz: ~400 samples on an idle machine; far fewer
+    // still mean something on a loaded one.
+    assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
+    assert!(
+        reach * 10 >= n * 9,
+        "{reach} of {n} samples of the moments reach main"
+    );
+
+    // The same capture with frame pointers forced: the stacks break after
+    // the leaf, which is what the default avoids.
+    let ((n, reach), run) = capture_nofp(&["--call-graph", "fp"]);
+    eprintln!("frame pointers: {reach} of {n} samples of the moments reach main");
+    assert_eq!(armed(&run)["unwinding"]["mode"], "fp");
+    assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
+    assert!(
+        reach * 2 < n,
+        "{reach} of {n} samples reach main with frame pointers on code without them: the \
+         DWARF check above proves nothing"
+    );
+}
+
+#[test]
+fn call_graph_option_and_pass_through_conflict() {
+    let t = Target::start(&target_path("unwind_old"), &["1", "10"]);
+    let pid = t.pid().to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--output",
+        out.to_str().unwrap(),
+        "--call-graph",
+        "dwarf",
+        "--",
+        "-g",
+    ])
+    .finish(Duration::from_secs(30));
+    assert_eq!(run.code, Some(2), "{}", run.output());
+    assert!(
+        run.stderr
+            .iter()
+            .any(|l| l.contains("--call-graph") && l.contains("keep one")),
+        "{}",
+        run.output()
+    );
+    assert!(!out.exists(), "output left behind\n{}", run.output());
+}
+
+#[test]
+fn a_binary_replaced_while_it_runs_is_warned_about_and_never_renamed() {
+    let bins = tempfile::tempdir().unwrap();
+    let app = bins.path().join("app");
+    fs::copy(target_path("unwind_old"), &app).unwrap();
+    // 8 rounds of 300 ms, a hit after each.
+    let mut t = Target::start(&app, &["8", "300"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    let first = agent.proc.wait_line(Duration::from_secs(30), |l| {
+        l.contains("\"event\":\"snapshot\"")
+    });
+    assert!(first.is_some(), "no snapshot: {:?}", agent.proc.stderr());
+    // The deploy, while the old process runs: a new file at the path.
+    fs::remove_file(&app).unwrap();
+    fs::copy(target_path("unwind_new"), &app).unwrap();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        run.stdout
+            .iter()
+            .any(|l| l.contains("\"event\":\"warning\"")
+                && l.contains("replaced or deleted")
+                && l.contains(app.to_str().unwrap())),
+        "no warning about the replaced binary\n{}",
+        run.output()
+    );
+    let files = hit_files(&run);
+    assert!(files.len() >= 4, "{}", run.output());
+    let debug = run.out.join(".debug");
+    // The first snapshot was written before the deploy: its names stay.
+    let text = perf_script_cached(&files[0].0, &debug);
+    assert!(text.contains("old_build_level3"), "{text}");
+    // None of them, before or after, takes the new build's names.
+    for (file, _, _) in &files {
+        let text = perf_script_cached(file, &debug);
+        eprintln!(
+            "{}: {} frames named old_build_*, {} [unknown]",
+            file.display(),
+            text.matches("old_build_").count(),
+            text.matches("[unknown]").count()
+        );
+        assert!(
+            !text.contains("new_build"),
+            "{} names the new build's functions",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn exe_runs_share_one_cache_in_the_root_directory() {
+    let bin = target_path("unwind_old");
+    let exe = bin.display().to_string();
+    let mut agent = Agent::start(&["--exe", &exe, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    // Two processes of the executable, one after the other: one recorder
+    // each, in OUT/<pid>.
+    let mut pids = Vec::new();
+    for _ in 0..2 {
+        let mut p = Target::start(&bin, &["1", "100"]);
+        let pid = p.pid();
+        let started = agent.proc.wait_line(Duration::from_secs(30), |l| {
+            l.contains("\"event\":\"target_started\"") && l.contains(&format!("\"pid\":{pid}"))
+        });
+        assert!(
+            started.is_some(),
+            "no recorder for {pid}: {:?}",
+            agent.proc.stdout()
+        );
+        p.go();
+        p.wait(Duration::from_secs(30));
+        let finished = agent.proc.wait_line(Duration::from_secs(30), |l| {
+            l.contains("\"event\":\"target_finished\"") && l.contains(&format!("\"pid\":{pid}"))
+        });
+        assert!(
+            finished.is_some(),
+            "{pid} not finished: {:?}",
+            agent.proc.stdout()
+        );
+        pids.push(pid);
+    }
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let debug = run.out.join(".debug");
+    // One copy of the executable for both processes, none per process.
+    let copies = elf_copies(&debug.join(bin.strip_prefix("/").unwrap()));
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    for pid in pids {
+        let dir = run.out.join(pid.to_string());
+        assert!(!dir.join(".debug").exists());
+        let index = read_index(&dir.join("snapshots.jsonl"));
+        let file = index
+            .iter()
+            .find(|v| v["hits"].as_array().is_some_and(|h| !h.is_empty()))
+            .unwrap_or_else(|| panic!("no snapshot with a hit for {pid}: {index:?}"))["file"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let text = perf_script_cached(&dir.join(file), &debug);
+        assert!(text.contains("old_build_level3"), "{text}");
+    }
+}
