@@ -28,7 +28,7 @@ use crate::{
     error::Failure,
     index::{Index, OutputDir},
     output::{Reporter, SnapshotEvent},
-    perf::{self, PerfLine, PerfProcess, PerfSpec, SpinDetector},
+    perf::{self, PerfLine, PerfProcess, PerfSpec, Recording, SpinDetector},
     perf_data::{self, SampleSpan},
     run::{EndReason, RecorderOutcome},
     snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
@@ -269,6 +269,8 @@ pub struct Recorder {
     next_sample: Instant,
     /// `--max-disk`, shared by every recorder of the run.
     keeper: Option<Arc<Mutex<Keeper>>>,
+    /// How perf keeps samples.
+    spec_recording: Recording,
 }
 
 /// What every recorder of a run shares.
@@ -342,6 +344,7 @@ impl Recorder {
             spin: SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
             keeper,
+            spec_recording: spec.recording,
         })
     }
 
@@ -383,8 +386,12 @@ impl Recorder {
             return Feedback::default();
         }
         self.phase.perf_ready();
-        // perf records now: keep the objects the target maps.
-        crate::symcache::scan(self.tgid);
+        // perf records now: keep the objects the target maps. The flight
+        // recorder writes nothing until a hit, so neither does the cache:
+        // its first scan comes with the first snapshot.
+        if self.spec_recording == Recording::Continuous {
+            crate::symcache::scan(self.tgid);
+        }
         if self.phase.ending().is_some() {
             // Asked to stop before it was ready: it can read `stop` now.
             let actions = self.machine.on_stop_request(now.ns);
