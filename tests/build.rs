@@ -85,6 +85,11 @@ fn main() {
         .args(["-fno-builtin", "-Wl,-z,lazy", "-o"])
         .arg(o("ifunc"))
         .arg(s("ifunc.c")));
+    run(Command::new("gcc")
+        .args(cflags)
+        .arg("-o")
+        .arg(o("prefork"))
+        .arg(s("prefork.c")));
     run(Command::new("g++")
         .args(cflags)
         .arg("-o")

@@ -50,6 +50,10 @@ use crate::{
     target,
 };
 
+/// How many generations up a forked process's recorded ancestor is looked
+/// for (a pre-fork server's workers are its children or grandchildren).
+const MAX_FOLLOW_DEPTH: usize = 8;
+
 /// What a trigger watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Watch {
@@ -223,6 +227,9 @@ struct Driver {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     slots: Vec<Option<Recorder>>,
     by_target: HashMap<(u32, i32), usize>,
+    /// Processes forked without exec from a recorded process: their
+    /// recorded ancestor, whose perf follows them.
+    followers: HashMap<(u32, i32), i32>,
     /// Processes whose recording ended while they live on (per trigger).
     done: HashSet<(u32, i32)>,
     next_seq: u64,
@@ -262,6 +269,7 @@ impl Driver {
             logger: None,
             slots: Vec::new(),
             by_target: HashMap::new(),
+            followers: HashMap::new(),
             done: HashSet::new(),
             next_seq: 0,
             armed_at: None,
@@ -491,6 +499,31 @@ impl Driver {
 
     /// Starts a recorder for `pid` under every `--exe` trigger whose
     /// executable it runs (up to `--max-targets` per trigger).
+    /// The ready recorder of an ancestor of `key`'s process for the same
+    /// trigger, remembered once found. `--exe` only: a `--pid` probe sees no
+    /// other process.
+    fn follower_slot(&mut self, key: (u32, i32)) -> Option<usize> {
+        let (trigger, pid) = key;
+        if !matches!(self.trigger(trigger).watch, Watch::Exe { .. }) {
+            return None;
+        }
+        let ancestor = match self.followers.get(&key) {
+            Some(a) => *a,
+            None => {
+                let a = target::ancestors(pid, MAX_FOLLOW_DEPTH)
+                    .into_iter()
+                    .find(|a| self.by_target.contains_key(&(trigger, *a)))?;
+                self.followers.insert(key, a);
+                a
+            }
+        };
+        let slot = *self.by_target.get(&(trigger, ancestor))?;
+        self.slots[slot]
+            .as_ref()
+            .is_some_and(Recorder::ready)
+            .then_some(slot)
+    }
+
     fn maybe_track(&mut self, pid: i32) {
         if self.stopping.is_some() {
             return;
@@ -737,10 +770,24 @@ impl Driver {
                 }
                 // perf is starting: nothing records this process yet.
                 Some(_) => self.unrecorded += 1,
+                // A process forked (without exec) from a recorded one: the
+                // ancestor's perf follows it already (`perf record -p`
+                // inherits into children), so its hit switches that perf,
+                // and the process gets no perf of its own.
+                None if let Some(slot) = self.follower_slot(key) => {
+                    let feedback = self.slots[slot]
+                        .as_mut()
+                        .map(|r| r.on_hit(ih.clone(), now))
+                        .unwrap_or_default();
+                    self.setup.reporter.hit(&ih);
+                    if feedback.limit_reached {
+                        self.limit_reached(slot);
+                    }
+                }
                 _ => {
                     self.unrecorded += 1;
                     // A process of a traced executable that we did not see
-                    // exec (a fork): record it from now on.
+                    // exec, with no recorded ancestor: record it from now on.
                     self.maybe_track(hit.tgid as i32);
                 }
             }

@@ -387,10 +387,12 @@ impl Recorder {
         }
         self.phase.perf_ready();
         // perf records now: keep the objects the target maps. The flight
-        // recorder writes nothing until a hit, so neither does the cache:
-        // its first scan comes with the first snapshot.
+        // recorder writes nothing until a hit, so neither does the cache: it
+        // holds the files open, and copies them at the first hit.
         if self.spec_recording == Recording::Continuous {
             crate::symcache::scan(self.tgid);
+        } else {
+            crate::symcache::hold(self.tgid);
         }
         if self.phase.ending().is_some() {
             // Asked to stop before it was ready: it can read `stop` now.
@@ -441,8 +443,17 @@ impl Recorder {
 
     /// An accepted hit for this recorder.
     pub fn on_hit(&mut self, hit: IndexedHit, now: Now) -> Feedback {
+        let tgid = hit.tgid as i32;
         let actions = self.machine.on_hit(hit, now.ns);
-        self.apply(actions, now)
+        let feedback = self.apply(actions, now);
+        if self.spec_recording != Recording::Continuous {
+            // The flight recorder's cache is written from its first hit on
+            // (after perf was signalled): what perf-ready held, and what the
+            // hitting process maps now, while it surely runs.
+            crate::symcache::hold(tgid);
+            crate::symcache::commit();
+        }
+        feedback
     }
 
     /// End this recorder for `reason`: finish the switch in flight, then stop

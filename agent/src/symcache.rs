@@ -59,8 +59,19 @@ pub struct Stats {
     pub failed: Vec<String>,
 }
 
+/// What the cache's thread is asked to do.
+enum Msg {
+    /// Copy what the process maps now.
+    Scan(i32),
+    /// Open what the process maps now and hold the files, copying nothing
+    /// yet (the flight recorder, which writes nothing while it waits).
+    Hold(i32),
+    /// Copy the held files.
+    Commit,
+}
+
 struct Cache {
-    tx: Mutex<Option<mpsc::Sender<i32>>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
     thread: Mutex<Option<JoinHandle<Stats>>>,
 }
 
@@ -70,15 +81,23 @@ static CACHE: OnceLock<Cache> = OnceLock::new();
 /// Later calls do nothing. Warnings go to `reporter`.
 pub fn init(root: &Path, reporter: Arc<Reporter>) {
     let root = root.join(DIR);
-    let (tx, rx) = mpsc::channel::<i32>();
+    let (tx, rx) = mpsc::channel::<Msg>();
     let spawned = std::thread::Builder::new()
         .name("mt-agent-symcache".into())
         .spawn(move || {
             let mut w = Worker::new(root);
             w.reporter = Some(reporter);
-            for pid in rx {
-                w.scan(pid);
+            for msg in rx {
+                match msg {
+                    Msg::Scan(pid) => {
+                        w.hold(pid);
+                        w.commit();
+                    }
+                    Msg::Hold(pid) => w.hold(pid),
+                    Msg::Commit => w.commit(),
+                }
             }
+            w.commit();
             w.stats
         });
     if let Ok(thread) = spawned {
@@ -92,10 +111,26 @@ pub fn init(root: &Path, reporter: Arc<Reporter>) {
 /// Asks for the objects `pid` maps now to be kept. Never blocks on I/O; does
 /// nothing without [`init`].
 pub fn scan(pid: i32) {
+    send(Msg::Scan(pid));
+}
+
+/// Like [`scan`], but the objects are only opened and held (the inodes the
+/// process runs, whatever a deploy does to the paths later); they are
+/// copied at the next [`commit`] or [`scan`], or at [`finish`].
+pub fn hold(pid: i32) {
+    send(Msg::Hold(pid));
+}
+
+/// Copies the held objects.
+pub fn commit() {
+    send(Msg::Commit);
+}
+
+fn send(msg: Msg) {
     if let Some(c) = CACHE.get()
         && let Some(tx) = c.tx.lock().map(|g| g.clone()).ok().flatten()
     {
-        let _ = tx.send(pid);
+        let _ = tx.send(msg);
     }
 }
 
@@ -125,6 +160,8 @@ struct Worker {
     replaced: HashSet<(PathBuf, u64)>,
     stats: Stats,
     reporter: Option<Arc<Reporter>>,
+    /// Opened, not yet copied: (path, file).
+    held: Vec<(PathBuf, File)>,
 }
 
 impl Worker {
@@ -136,10 +173,13 @@ impl Worker {
             replaced: HashSet::new(),
             stats: Stats::default(),
             reporter: None,
+            held: Vec::new(),
         }
     }
 
-    fn scan(&mut self, pid: i32) {
+    /// Opens the objects `pid` maps that were not seen before, and holds
+    /// them until [`Worker::commit`].
+    fn hold(&mut self, pid: i32) {
         let Ok(objects) = maps::read_objects(pid) else {
             // The process is gone: what it mapped is in the snapshots' MMAP
             // events, and was kept by earlier scans.
@@ -162,16 +202,24 @@ impl Worker {
             if !self.seen.insert((o.path.clone(), o.inode)) {
                 continue;
             }
-            match self.keep(&o.path, &o.open_path) {
-                Ok(()) => {}
+            match File::open(&o.open_path) {
+                Ok(f) => self.held.push((o.path, f)),
                 Err(e) => self.stats.failed.push(format!("{}: {e}", o.path.display())),
             }
         }
     }
 
+    /// Copies the held objects.
+    fn commit(&mut self) {
+        for (path, file) in std::mem::take(&mut self.held) {
+            if let Err(e) = self.keep(&path, file) {
+                self.stats.failed.push(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+
     /// Copies one object into the cache unless its build-id is there.
-    fn keep(&mut self, path: &Path, open_path: &Path) -> io::Result<()> {
-        let mut file = File::open(open_path)?;
+    fn keep(&mut self, path: &Path, mut file: File) -> io::Result<()> {
         let Some(id) = read_build_id(&file)? else {
             if is_elf(&mut file) {
                 self.stats.without_build_id.push(path.to_path_buf());
@@ -338,8 +386,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join(DIR);
         let mut w = Worker::new(root.clone());
-        w.keep(Path::new("/some/app"), &exe).unwrap();
-        w.keep(Path::new("/other/path"), &exe).unwrap();
+        w.keep(Path::new("/some/app"), File::open(&exe).unwrap())
+            .unwrap();
+        w.keep(Path::new("/other/path"), File::open(&exe).unwrap())
+            .unwrap();
         assert_eq!(w.stats.objects, 1);
         let (dir, link, _) = layout(&root, Path::new("/some/app"), &hex(&id));
         let copied = fs::read(dir.join("elf")).unwrap();

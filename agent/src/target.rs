@@ -33,6 +33,8 @@ pub struct Target {
 pub struct Stat {
     /// Process state letter: R, S, D, T, t, Z, X, I.
     pub state: char,
+    /// Parent process id (field 4).
+    pub ppid: i32,
     /// `PF_*` flags.
     pub flags: u64,
     /// User CPU time, clock ticks.
@@ -52,11 +54,29 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     // f[0] is field 3 (state); field N is f[N - 3].
     Some(Stat {
         state: f.first()?.chars().next()?,
+        ppid: f.get(4 - 3)?.parse().ok()?,
         flags: f.get(9 - 3)?.parse().ok()?,
         utime: f.get(14 - 3)?.parse().ok()?,
         stime: f.get(15 - 3)?.parse().ok()?,
         starttime: f.get(22 - 3)?.parse().ok()?,
     })
+}
+
+/// `pid`'s ancestors, parent first, up to (not including) pid 1, at most
+/// `max` of them; fewer when one has gone.
+pub fn ancestors(pid: i32, max: usize) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while out.len() < max {
+        match stat(p) {
+            Ok(s) if s.ppid > 1 => {
+                out.push(s.ppid);
+                p = s.ppid;
+            }
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Reads and parses /proc/PID/stat.
@@ -180,9 +200,24 @@ mod tests {
         let text = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5000 0";
         let s = parse_stat(text).unwrap();
         assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 1);
         assert_eq!(s.flags, 4194560);
         assert_eq!((s.utime, s.stime), (7, 3));
         assert_eq!(s.starttime, 5000);
+    }
+
+    #[test]
+    fn a_child_lists_its_parent_first() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let up = ancestors(child.id() as i32, 8);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(up.first(), Some(&me), "{up:?}");
+        assert!(!up.contains(&1));
     }
 
     #[test]

@@ -218,3 +218,104 @@ fn listed_hits(index: &[Value]) -> usize {
         .map(|v| v["hits"].as_array().map_or(0, Vec::len))
         .sum()
 }
+
+/// Counts, until dropped, the most perf processes recording into `out` at
+/// once (sampled every 10 ms from /proc).
+struct PerfCounter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl PerfCounter {
+    fn start(out: &std::path::Path) -> PerfCounter {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, needle) = (stop.clone(), out.display().to_string());
+        let thread = std::thread::spawn(move || {
+            let mut most = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = processes_mentioning(&needle)
+                    .iter()
+                    .filter(|(_, cmd)| cmd.contains(" record "))
+                    .count();
+                most = most.max(n);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            most
+        });
+        PerfCounter {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn most(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+#[test]
+fn exe_follows_forked_workers_with_the_masters_perf() {
+    // A master forks 3 workers, reaps them, and forks 3 more; each worker
+    // calls handle_request at once, then burns 200 ms of CPU.
+    let bin = target_path("prefork");
+    let exe = bin.display().to_string();
+    let mut master = Target::start(&bin, &["3", "2"]);
+    let mut agent = Agent::start(&[
+        "--exe",
+        &exe,
+        "--symbol",
+        "handle_request",
+        "--after",
+        "100ms",
+        "--json",
+    ]);
+    agent.wait_armed();
+    wait_event(&mut agent, "the master's recorder", started(master.pid()));
+    let perfs = PerfCounter::start(&agent.out);
+    master.go();
+    master.wait(Duration::from_secs(30));
+    let most_perfs = perfs.most();
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let workers: Vec<i64> = master
+        .proc
+        .stdout()
+        .iter()
+        .filter_map(|l| l.strip_prefix("worker ")?.trim().parse().ok())
+        .collect();
+    assert_eq!(workers.len(), 6, "{:?}", master.proc.stdout());
+    // One perf, the master's, recorded the whole tree: no worker got its own.
+    assert_eq!(most_perfs, 1, "perf processes at once\n{}", run.output());
+    for w in &workers {
+        assert!(
+            !run.out.join(w.to_string()).exists(),
+            "worker {w} got a recorder of its own"
+        );
+    }
+    // Every worker's call is listed in a snapshot of the master's perf, and
+    // that snapshot holds samples of that worker.
+    let dir = run.out.join(master.pid().to_string());
+    let index = read_index(&dir.join("snapshots.jsonl"));
+    for w in &workers {
+        let entry = index
+            .iter()
+            .filter(|e| e["kind"] == "hit")
+            .find(|e| {
+                e["hits"]
+                    .as_array()
+                    .is_some_and(|hs| hs.iter().any(|h| h["tgid"] == *w))
+            })
+            .unwrap_or_else(|| panic!("no snapshot lists worker {w}: {index:?}"));
+        let file = dir.join(entry["file"].as_str().unwrap());
+        let samples = perf_samples(&file);
+        assert!(
+            samples.iter().any(|s| i64::from(s.pid) == *w),
+            "{} holds no sample of worker {w}",
+            file.display()
+        );
+    }
+    let s = run.summary().unwrap();
+    assert_eq!(s["unrecorded_hits"], 0, "{s}");
+}

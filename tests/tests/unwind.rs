@@ -292,7 +292,17 @@ fn a_binary_replaced_while_it_runs_is_warned_about_and_never_renamed() {
 fn exe_runs_share_one_cache_in_the_root_directory() {
     let bin = target_path("unwind_old");
     let exe = bin.display().to_string();
-    let mut agent = Agent::start(&["--exe", &exe, "--symbol", "trigger", "--json"]);
+    // Continuous: these processes exit right after their hit, before a
+    // flight recorder's tail-synthesized mmap records could be written
+    // (docs/flight-recorder.md).
+    let mut agent = Agent::start(&[
+        "--exe",
+        &exe,
+        "--symbol",
+        "trigger",
+        "--continuous",
+        "--json",
+    ]);
     agent.wait_armed();
     // Two processes of the executable, one after the other: one recorder
     // each, in OUT/<pid>.
