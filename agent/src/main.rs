@@ -15,7 +15,8 @@
 //! * [`output`]: the run's text and JSON events;
 //! * [`target`], [`caps`]: the traced process and privileges;
 //! * [`check`]: `mt-agent check`, the preflight;
-//! * [`list`]: `mt-agent symbols`.
+//! * [`list`]: `mt-agent symbols`;
+//! * [`report`]: `mt-agent report`, a run's moments as flame graphs.
 
 mod caps;
 mod check;
@@ -30,6 +31,7 @@ mod output;
 mod perf;
 mod probe;
 mod recorder;
+mod report;
 mod session;
 mod symbols;
 mod target;
@@ -53,6 +55,7 @@ fn main() -> std::process::ExitCode {
         None => (cli.run.json, cli.run.verbose),
         Some(Command::Symbols(a)) => (a.json, false),
         Some(Command::Check(_)) => (false, false),
+        Some(Command::Report(a)) => (a.json, false),
     };
     if verbose {
         // aya-log forwards the eBPF program's records through `log`.
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
             .and_then(|rt| rt.block_on(session::run(cli.run, reporter.clone(), started))),
         Some(Command::Symbols(args)) => list::run(&args),
         Some(Command::Check(args)) => check::run(&args),
+        Some(Command::Report(args)) => report::run(&args),
     };
     let code = match result {
         Ok(code) => code,

@@ -442,6 +442,14 @@ pub async fn run(
         unrecorded_hits: outcome.unrecorded_hits,
         extra_processes: outcome.extra_processes,
     });
+    if args.report {
+        crate::report::after_run(
+            &base_dir.path,
+            settings.perf.as_deref(),
+            &reporter,
+            args.json,
+        );
+    }
     Ok(code)
 }
 
