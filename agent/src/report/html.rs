@@ -115,7 +115,7 @@ fn warnings(h: &mut String, p: &Page) {
 }
 
 fn table(h: &mut String, p: &Page) {
-    h.push_str("<h2>Snapshots</h2><table><tr><th>kind</th><th>file</th><th>hit</th><th>hit time (wall clock)</th><th>s into run</th><th>tid</th><th>args</th><th>duration</th><th>retval</th><th>hit → kill</th><th>samples in file</th><th>samples in moment</th></tr>");
+    h.push_str("<h2>Snapshots</h2><table><tr><th>kind</th><th>file</th><th>hit</th><th>hit time (host local time, ±10 ms)</th><th>s into run</th><th>tid</th><th>args</th><th>duration</th><th>retval</th><th>hit → kill</th><th>samples in file</th><th>samples in moment</th></tr>");
     for f in &p.files {
         let status = match &f.status {
             Status::Read => String::new(),
@@ -292,7 +292,8 @@ fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_>, c
     let svg = &svg[svg.find("<svg").unwrap_or(0)..];
     let height = svg_height(svg).unwrap_or(400) + 8;
     let doc = format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"></head><body style=\"margin:0\">{svg}</body></html>"
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>svg{{width:100%}}</style></head>\
+         <body style=\"margin:0\">{svg}</body></html>"
     );
     let _ = write!(
         h,

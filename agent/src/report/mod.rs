@@ -121,6 +121,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
     if !meta.is_dir() {
         return Err(not_ours("not a directory".into()));
     }
+    let out = &out.canonicalize().map_err(|e| not_ours(e.to_string()))?;
     let runs = runs::discover(out).map_err(|e| not_ours(e.to_string()))?;
     if runs.is_empty() {
         return Err(not_ours(format!(
