@@ -28,6 +28,12 @@ code{background:#f4f4f4;padding:0 3px}h3{margin-top:2em}";
 const SCRIPT: &str = "function searchAll(t){for(const f of document.querySelectorAll('iframe.fg')){\
 const w=f.contentWindow;if(!w||!w.search)continue;if(t)w.search(t);else w.reset_search();}}";
 
+/// inferno's script records zoom and search in the URL
+/// (`history.replaceState`), which a `srcdoc` frame of a `file://` page may
+/// not do (a SecurityError): there the state simply stays unrecorded.
+const KEEP_URL: &str = "(function(){var r=history.replaceState.bind(history);\
+history.replaceState=function(){try{r.apply(null,arguments)}catch(e){}};})();";
+
 /// The whole page.
 pub fn page(p: &Page) -> String {
     let mut h = String::with_capacity(1 << 20);
@@ -292,7 +298,8 @@ fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_>, c
     let svg = &svg[svg.find("<svg").unwrap_or(0)..];
     let height = svg_height(svg).unwrap_or(400) + 8;
     let doc = format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>svg{{width:100%}}</style></head>\
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>svg{{width:100%}}</style>\
+         <script>{KEEP_URL}</script></head>\
          <body style=\"margin:0\">{svg}</body></html>"
     );
     let _ = write!(
