@@ -10,7 +10,8 @@
 //! * perf (Debian: linux-perf);
 //! * gcc, g++ and binutils (the test crate builds C and C++ programs);
 //! * with `--with-test-deps`: what the tests also use (golang-go, sqlite3,
-//!   debootstrap, systemd, util-linux).
+//!   debootstrap, systemd, util-linux, and chromium: the report's page is
+//!   opened in headless Chromium).
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
@@ -31,6 +32,7 @@ const TEST_PACKAGES: &[&str] = &[
     "debootstrap",
     "systemd",
     "util-linux",
+    "chromium",
 ];
 
 /// Runs every step.
