@@ -9,6 +9,8 @@
  * whole process is mostly background_work.
  *
  *   moment N       N calls of handle (N/2 of them slow), then exit 0
+ *   deep SECONDS   for the bench: two threads busy 48 calls deep (big
+ *                  samples), and handle(0) every 700 ms, for SECONDS
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -53,6 +55,35 @@ __attribute__((noinline, used)) void handle(long i) {
     sink += (uint64_t)i;
 }
 
+/* Recurses DEPTH calls deep, then spins a little: deep call chains. */
+__attribute__((noinline)) void deep(int depth) {
+    if (depth > 0) {
+        deep(depth - 1);
+        sink += 1; /* not a tail call */
+        return;
+    }
+    for (int k = 0; k < 20000; k++) sink += (uint64_t)k;
+}
+
+static void *deep_worker(void *arg) {
+    (void)arg;
+    while (!stop) deep(48);
+    return NULL;
+}
+
+static int deep_mode(long seconds) {
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, deep_worker, NULL);
+    for (long ms = 0; ms < seconds * 1000; ms += 700) {
+        struct timespec nap = {0, 700 * 1000000L};
+        nanosleep(&nap, NULL);
+        handle(0);
+    }
+    stop = 1;
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    return 0;
+}
+
 static void *worker(void *arg) {
     (void)arg;
     background_work();
@@ -65,6 +96,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     char line[64];
     if (!fgets(line, sizeof line, stdin)) return 1;
+    if (argc > 2 && argv[1][0] == 'd') return deep_mode(n);
     pthread_t t;
     pthread_create(&t, NULL, worker, NULL);
     for (long i = 0; i < n; i++) {
