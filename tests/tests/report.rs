@@ -431,7 +431,7 @@ fn an_exe_output_with_two_processes_is_one_page() {
         assert_eq!(mine.len(), 3, "pid {pid}: {}", text(&o));
         assert!(
             mine.iter()
-                .all(|h| h["tgid"].to_string() == pid && h["status"] == "read")
+                .all(|h| h["tgid"] == p.pid() && h["status"] == "read")
         );
         for h in mine {
             let folded = h["moment"]["folded"].as_str().unwrap();
