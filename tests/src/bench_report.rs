@@ -61,7 +61,11 @@ fn inferno_bin(name: &str) -> Option<PathBuf> {
     std::env::var_os("INFERNO_BIN_DIR")
         .map(PathBuf::from)
         .into_iter()
-        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths))
+        .chain(
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths),
+        )
         .map(|d| d.join(name))
         .find(|p| p.is_file())
 }

@@ -148,8 +148,7 @@ pub fn demo() -> anyhow::Result<()> {
 /// OUT now) and prints where it is and how long it took.
 fn report(agent: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let page = output_of(Command::new(agent).arg("report").arg(out))
-        .context("mt-agent report")?;
+    let page = output_of(Command::new(agent).arg("report").arg(out)).context("mt-agent report")?;
     println!();
     println!(
         "Report (written in {:.2} s): open file://{}",
