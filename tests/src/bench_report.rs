@@ -21,10 +21,9 @@ use serde_json::{Value, json};
 
 /// Records the `moment deep` target (deep call chains, a hit every 0.7 s)
 /// at a high frequency until the snapshots total `min_bytes`.
-fn record(min_bytes: u64, out_root: &Path) -> Run {
+fn record(min_bytes: u64) -> Run {
     let mut t = Target::start(&target_path("moment"), &["deep", "600"]);
     let pid = t.pid().to_string();
-    let out = out_root.join("out");
     let mut agent = Agent::start(&[
         "--pid",
         &pid,
@@ -33,9 +32,8 @@ fn record(min_bytes: u64, out_root: &Path) -> Run {
         "--json",
         "-F",
         "20000",
-        "--output",
-        out.to_str().unwrap(),
     ]);
+    let out = agent.out.clone();
     agent.wait_armed();
     t.go();
     let started = Instant::now();
@@ -124,7 +122,7 @@ fn anchor_library(file: &Path, svg: &Path) {
 pub fn run(quick: bool) -> Value {
     let min_bytes: u64 = if quick { 10 << 20 } else { 50 << 20 };
     let tmp = tempfile::tempdir().unwrap();
-    let run = record(min_bytes, tmp.path());
+    let run = record(min_bytes);
     let files: Vec<PathBuf> = run
         .index
         .iter()
