@@ -24,15 +24,7 @@ use serde_json::{Value, json};
 fn record(min_bytes: u64) -> Run {
     let mut t = Target::start(&target_path("moment"), &["deep", "600"]);
     let pid = t.pid().to_string();
-    let mut agent = Agent::start(&[
-        "--pid",
-        &pid,
-        "--symbol",
-        "handle",
-        "--json",
-        "-F",
-        "20000",
-    ]);
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "handle", "--json", "-F", "20000"]);
     let out = agent.out.clone();
     agent.wait_armed();
     t.go();

@@ -72,8 +72,28 @@ fn share_under(folded: &[(Vec<String>, u64)], name: &str) -> f64 {
 fn capture_moments() -> Run {
     preflight();
     let mut t = Target::start(&target_path("moment"), &["moment", "8"]);
-    let run = capture(&mut t, &["--symbol", "handle", "--slower-than", "30ms"]);
+    let run = capture(
+        &mut t,
+        &["--symbol", "handle", "--slower-than", "30ms", "--report"],
+    );
     assert_eq!(run.entries("hit").len(), 4, "{}", run.output());
+    // --report: the page is written as the run ends, and said so.
+    let page = run.out.canonicalize().unwrap().join("report.html");
+    let said = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "report");
+    assert_eq!(
+        said.map(|e| e["path"].clone()),
+        Some(Value::from(page.display().to_string())),
+        "{}",
+        run.output()
+    );
+    assert!(page.is_file());
+    // The tests below look at what `mt-agent report` writes.
+    fs::remove_file(&page).unwrap();
+    fs::remove_dir_all(run.out.join("report")).unwrap();
     run
 }
 
