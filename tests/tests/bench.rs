@@ -37,6 +37,7 @@ fn bench_quick_runs_every_part() {
         "Trigger → snapshot latency",
         "Storm",
         "Time to armed",
+        "Report: `mt-agent report` against the anchor pipeline",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -69,6 +70,10 @@ fn bench_quick_runs_every_part() {
             "{row}"
         );
     }
+    let rep = &r["report"];
+    assert!(rep["files"].as_u64().unwrap() >= 3, "{rep}");
+    assert!(rep["bytes"].as_u64().unwrap() >= 10 << 20, "{rep}");
+    assert!(rep["ratio"].as_f64().is_some_and(f64::is_finite), "{rep}");
     for l in r["latency"].as_array().unwrap() {
         assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
     }
