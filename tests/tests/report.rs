@@ -292,8 +292,14 @@ fn report_untouched(args: &[&str], out: &Path) -> Output {
 #[test]
 fn bad_input_is_one_clear_line() {
     let run = capture_moments();
+    not_an_output(&run);
+    no_hits(&run);
+    bad_snapshots(&run);
+    files_gone(&run);
+}
 
-    // Not an mt-agent output: nothing written.
+/// Not an mt-agent output: nothing written.
+fn not_an_output(run: &Run) {
     let empty = run.tmp.path().join("empty");
     fs::create_dir(&empty).unwrap();
     let o = report_untouched(&[], &empty);
@@ -308,9 +314,11 @@ fn bad_input_is_one_clear_line() {
     assert!(!empty.join("report.html").exists() && !empty.join("report").exists());
     let o = report(&[], &run.out.join("snapshots.jsonl"));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
 
-    // A run with no hits: only the tail file.
-    let nohits = copy_of(&run, "nohits");
+/// A run with no hits: only the tail file. Nothing written.
+fn no_hits(run: &Run) {
+    let nohits = copy_of(run, "nohits");
     let index = fs::read_to_string(nohits.join("snapshots.jsonl")).unwrap();
     let tail: String = index
         .lines()
@@ -332,15 +340,20 @@ fn bad_input_is_one_clear_line() {
         text(&o)
     );
     assert!(!nohits.join("report.html").exists());
+}
 
-    // Snapshots that are truncated, corrupt, gone, a symlink out of OUT, or
-    // a FIFO: each marked, the others reported.
-    let bad = copy_of(&run, "bad");
-    let files: Vec<String> = run
-        .entries("hit")
+fn hit_files(run: &Run) -> Vec<String> {
+    run.entries("hit")
         .iter()
         .map(|e| e["file"].as_str().unwrap().to_string())
-        .collect();
+        .collect()
+}
+
+/// Snapshots that are truncated, corrupt, or a symlink out of OUT: each
+/// marked, the others reported.
+fn bad_snapshots(run: &Run) {
+    let bad = copy_of(run, "bad");
+    let files = hit_files(run);
     let f = |i: usize| bad.join(&files[i]);
     let len = fs::metadata(f(0)).unwrap().len();
     fs::OpenOptions::new()
@@ -382,9 +395,12 @@ fn bad_input_is_one_clear_line() {
     }
     let page = fs::read_to_string(bad.join("report.html")).unwrap();
     assert!(page.contains("truncated") && page.contains("missing"));
+}
 
-    // An index that names files that no longer exist, and a FIFO.
-    let gone = copy_of(&run, "gone");
+/// An index that names files that no longer exist, and a FIFO.
+fn files_gone(run: &Run) {
+    let files = hit_files(run);
+    let gone = copy_of(run, "gone");
     for name in &files[..3] {
         fs::remove_file(gone.join(name)).unwrap();
     }
