@@ -369,6 +369,7 @@ pub async fn run(
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
 
+    let armed: Vec<Armed> = setups.iter().map(|s| s.armed.clone()).collect();
     let (events_tx, mut events) = unbounded_channel();
     let handle = driver::spawn(
         Setup {
@@ -442,6 +443,7 @@ pub async fn run(
         unrecorded_hits: outcome.unrecorded_hits,
         extra_processes: outcome.extra_processes,
     });
+    crate::report::record_triggers(&base_dir.path, &armed, &reporter);
     if args.report {
         crate::report::after_run(
             &base_dir.path,

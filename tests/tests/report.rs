@@ -146,7 +146,8 @@ fn the_moment_is_the_moment() {
         assert_eq!(h["diff"][0]["name"], "slow_part", "{ctx}");
         assert!(h["diff"][0]["delta"].as_f64().unwrap() > 0.5, "{ctx}");
     }
-    assert!(run.out.join("report.html").is_file());
+    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    assert!(page.contains("handle in "), "the trigger is not named");
     // Without --json: the page's path, and the same folded files.
     let o = report(&[], &run.out);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -478,5 +479,9 @@ fn an_exe_output_with_two_processes_is_one_page() {
     let page = fs::read_to_string(run.out.join("report.html")).unwrap();
     assert!(
         page.contains(&format!("pid {}", p1.pid())) && page.contains(&format!("pid {}", p2.pid()))
+    );
+    assert!(
+        page.contains(&format!("trigger in {exe}")),
+        "the trigger is not named"
     );
 }

@@ -16,6 +16,7 @@
 mod html;
 mod model;
 mod moments;
+mod runfile;
 mod runinfo;
 mod runs;
 mod samples;
@@ -102,6 +103,17 @@ pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: boo
         Ok(path) if json => println!("{}", json!({"event": "report", "path": path})),
         Ok(path) => println!("report: {}", path.display()),
         Err(f) => reporter.warning(&format!("no report: {}", f.message)),
+    }
+}
+
+/// Records the run's triggers in `out/run.json` for the report (see
+/// [`runfile`]); a failure is a warning.
+pub fn record_triggers(out: &Path, armed: &[crate::output::Armed], reporter: &Reporter) {
+    if let Err(e) = runfile::write(out, armed) {
+        reporter.warning(&format!(
+            "cannot write {}: {e}",
+            out.join(runfile::RUN_FILE).display()
+        ));
     }
 }
 

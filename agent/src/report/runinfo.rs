@@ -39,8 +39,12 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
     let slow = files
         .iter()
         .any(|f| f.entry.hits.iter().any(|h| h.duration_ns.is_some()));
+    let function = match super::runfile::trigger_of(&p.out, r) {
+        Some(t) => format!("{} in {}: ", t.symbol, t.object.display()),
+        None => String::new(),
+    };
     let trigger = format!(
-        "{hits} hit(s){}",
+        "{function}{hits} hit(s){}",
         if slow {
             ", slow calls (--slower-than)"
         } else {
