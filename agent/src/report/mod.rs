@@ -6,7 +6,9 @@
 //!   `--buildid-dir` to the run's build-id cache);
 //! * [`model`]: every snapshot read, in parallel, into folded stacks;
 //! * [`moments`]: a hit's moment, folding, shares, the differential;
-//! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT.
+//! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
+//! * [`runfile`]: `OUT/run.json`, the triggers a capture run records for
+//!   the report.
 //!
 //! Exit codes: 0 the report is written; 2 OUT is not an mt-agent output,
 //! holds no hit, or some snapshots could not be read (the report is still
