@@ -2,7 +2,8 @@
 //! `OUT/report/`. Nothing else in OUT is touched. Each file is written to a
 //! new temporary name (`O_EXCL | O_NOFOLLOW`, mode 0600) and renamed over
 //! the old one, so a planted symlink is replaced, never followed, and a
-//! reader never sees half a file.
+//! reader never sees half a file. There is no fsync: after a crash the
+//! files can be made again from the snapshots.
 
 use std::{
     fs::{self, DirBuilder},
@@ -45,7 +46,7 @@ pub fn replace(path: &Path, data: &[u8]) -> io::Result<()> {
     let tmp = path.with_file_name(format!(".{name}.tmp.{}", std::process::id()));
     let _ = fs::remove_file(&tmp);
     let result = create_exclusive(&tmp)
-        .and_then(|mut f| f.write_all(data).and_then(|()| f.sync_data()))
+        .and_then(|mut f| f.write_all(data))
         .and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
