@@ -90,6 +90,13 @@ fn main() {
         .arg("-o")
         .arg(o("prefork"))
         .arg(s("prefork.c")));
+    // The report's test target (frame pointers: DWARF unwinding is tested
+    // elsewhere).
+    run(Command::new("gcc")
+        .args(cflags)
+        .arg("-o")
+        .arg(o("moment"))
+        .arg(s("moment.c")));
     run(Command::new("g++")
         .args(cflags)
         .arg("-o")

@@ -69,6 +69,8 @@ pub enum Command {
     Symbols(SymbolsArgs),
     /// Check that this host can run mt-agent (kernel, BPF, perf, privileges).
     Check(CheckArgs),
+    /// Write a run's report: each hit's moment as flame graphs in one page.
+    Report(ReportArgs),
 }
 
 /// Options of a capture run (the default command).
@@ -176,6 +178,11 @@ pub struct RunArgs {
     /// that force ring-buffer overflow.
     #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
     pub debug_reader_delay: Option<Duration>,
+
+    /// When the run ends, write its report (OUT/report.html), as
+    /// `mt-agent report OUT` would.
+    #[arg(long)]
+    pub report: bool,
 
     /// Extra arguments for `perf record`, after `--`.
     #[arg(last = true, value_name = "PERF_ARGS")]
@@ -336,6 +343,29 @@ pub struct CheckArgs {
     /// Directory whose free space is checked. [default: .]
     #[arg(long, short = 'o', value_name = "DIR")]
     pub output: Option<PathBuf>,
+}
+
+/// Options of `mt-agent report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A run's output directory (with --exe or --config, its top directory:
+    /// every process and trigger in it is reported).
+    #[arg(value_name = "OUT")]
+    pub out: PathBuf,
+
+    /// Print one JSON object per hit on stdout (OUT/report.html and the
+    /// folded files are written too).
+    #[arg(long)]
+    pub json: bool,
+
+    /// The moment of a hit without a duration: this long before the hit.
+    /// (A --slower-than hit's moment is its call.)
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub window: Duration,
+
+    /// perf binary to run. [default: `perf` on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub perf: Option<PathBuf>,
 }
 
 /// Parses a duration such as `100ms`, `5s`, `1m30s` or `0`.

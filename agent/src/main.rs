@@ -25,6 +25,7 @@
 //! * [`check`]: `mt-agent check`, the preflight;
 //! * [`list`]: `mt-agent symbols`;
 //! * [`unwind`]: frame pointers or DWARF: how perf unwinds stacks.
+//! * [`report`]: `mt-agent report`, a run's moments as flame graphs.
 
 mod budget;
 mod caps;
@@ -45,6 +46,7 @@ mod perf_data;
 mod plan;
 mod probe;
 mod recorder;
+mod report;
 mod run;
 mod session;
 mod snapshot;
@@ -71,6 +73,7 @@ fn main() -> std::process::ExitCode {
         None => (cli.run.json, cli.run.verbose),
         Some(Command::Symbols(a)) => (a.json, false),
         Some(Command::Check(_)) => (false, false),
+        Some(Command::Report(a)) => (a.json, false),
     };
     if verbose {
         // aya-log forwards the eBPF program's records through `log`.
@@ -88,6 +91,7 @@ fn main() -> std::process::ExitCode {
             .and_then(|rt| rt.block_on(session::run(cli.run, reporter.clone(), started))),
         Some(Command::Symbols(args)) => list::run(&args),
         Some(Command::Check(args)) => check::run(&args),
+        Some(Command::Report(args)) => report::run(&args),
     };
     let code = match result {
         Ok(code) => code,

@@ -96,6 +96,7 @@ pub async fn run(
     // Handlers go in before anything can take long, so that a signal is a
     // clean end from here on.
     let signals = Signals::install()?;
+    let armed_events: Vec<Armed> = triggers.iter().map(|t| t.armed.clone()).collect();
     let (events_tx, events) = unbounded_channel();
     let perf = PerfSpec {
         perf: perf_path,
@@ -134,14 +135,17 @@ pub async fn run(
     if let Some(kept) = symcache::finish(wrote) {
         log_symcache(&reporter, &kept);
     }
-    Ok(summarise(
-        &reporter,
-        &plan,
-        outcome,
-        armed,
-        &run_dir.path,
-        started,
-    ))
+    let code = summarise(&reporter, &plan, outcome, armed, &run_dir.path, started);
+    crate::report::record_triggers(&run_dir.path, &armed_events, &reporter);
+    if args.report {
+        crate::report::after_run(
+            &run_dir.path,
+            plan.settings.perf.as_deref(),
+            &reporter,
+            args.json,
+        );
+    }
+    Ok(code)
 }
 
 /// What every trigger's `armed` event shows of the run's settings.

@@ -25,6 +25,8 @@ use serde_json::Value;
 
 pub use tempfile::TempDir;
 
+pub mod cdp;
+
 /// Our eBPF program names as the kernel lists them.
 pub const PROGRAM_NAMES: [&str; 5] = [
     "mt_entry",

@@ -39,6 +39,7 @@ fn bench_quick_runs_every_part() {
         "Time to armed",
         "Waiting: a busy 2-thread target",
         "Stacks: frame pointers vs DWARF",
+        "Report: `mt-agent report` against the anchor pipeline",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -71,6 +72,10 @@ fn bench_quick_runs_every_part() {
             "{row}"
         );
     }
+    let rep = &r["report"];
+    assert!(rep["files"].as_u64().unwrap() >= 3, "{rep}");
+    assert!(rep["bytes"].as_u64().unwrap() >= 10 << 20, "{rep}");
+    assert!(rep["ratio"].as_f64().is_some_and(f64::is_finite), "{rep}");
     for l in r["latency"].as_array().unwrap() {
         assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
     }

@@ -1,6 +1,7 @@
 //! `cargo xtask bench [--quick]`: builds in release mode and runs the bench
 //! harness (`tests/src/bin/bench.rs`) as root. It prints Markdown tables and
-//! writes every raw figure to `target/bench/latest.json`.
+//! writes every raw figure to `target/bench/latest.json`. The report part's
+//! anchor needs inferno's binaries: installed here when missing.
 
 use crate::{
     setup::setup,
@@ -18,16 +19,41 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
         "mt-agent-tests",
         "--bins",
     ]))?;
+    let inferno_dir = ensure_inferno()?;
     let release = target_dir().join("release");
     let out = target_dir().join("bench").join("latest.json");
     let agent = release.join("mt-agent");
     let mut cmd = privileged(
         release.join("bench"),
-        &[("MT_AGENT_BIN", agent.as_os_str())],
+        &[
+            ("MT_AGENT_BIN", agent.as_os_str()),
+            ("INFERNO_BIN_DIR", inferno_dir.as_os_str()),
+        ],
     );
     cmd.arg("--out").arg(&out);
     if quick {
         cmd.arg("--quick");
     }
     run(&mut cmd)
+}
+
+/// The report part's anchor pipeline runs inferno's binaries
+/// (`inferno-collapse-perf`, `inferno-flamegraph`): installed with
+/// `cargo install inferno` when missing. Returns the directory they are in.
+fn ensure_inferno() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo")))
+        .unwrap_or_default()
+        .join("bin");
+    if !dir.join("inferno-flamegraph").is_file() || !dir.join("inferno-collapse-perf").is_file() {
+        run(std::process::Command::new("cargo").args([
+            "install",
+            "inferno",
+            "--version",
+            "0.12.8",
+            "--locked",
+        ]))?;
+    }
+    Ok(dir)
 }

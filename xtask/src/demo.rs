@@ -2,7 +2,8 @@
 //! release mode, starts `demo_workload` (a pretend server whose
 //! `handle_request` is the trigger), runs mt-agent on it until 5 snapshots
 //! exist, then prints each snapshot's file, its trigger, and the top 5
-//! symbols of `perf report`.
+//! symbols of `perf report`, and last writes the run's report
+//! (`mt-agent report`) and prints the page's path.
 
 use std::{
     io::{BufRead, BufReader},
@@ -140,6 +141,20 @@ pub fn demo() -> anyhow::Result<()> {
             println!("    {}", l.trim());
         }
     }
+    report(&release.join("mt-agent"), &out)
+}
+
+/// Writes the run's report (`mt-agent report OUT`, as the user who owns
+/// OUT now) and prints where it is and how long it took.
+fn report(agent: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let page = output_of(Command::new(agent).arg("report").arg(out)).context("mt-agent report")?;
+    println!();
+    println!(
+        "Report (written in {:.2} s): open file://{}",
+        t0.elapsed().as_secs_f64(),
+        page.trim()
+    );
     Ok(())
 }
 

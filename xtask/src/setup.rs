@@ -10,7 +10,8 @@
 //! * perf (Debian: linux-perf);
 //! * gcc, g++ and binutils (the test crate builds C and C++ programs);
 //! * with `--with-test-deps`: what the tests also use (golang-go, sqlite3,
-//!   debootstrap, systemd, util-linux, libc6-dbg).
+//!   debootstrap, systemd, util-linux, libc6-dbg, and chromium: the report's
+//!   page is opened in headless Chromium).
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
@@ -34,6 +35,7 @@ const TEST_PACKAGES: &[&str] = &[
     // libc's debug info names the IFUNC implementations (__memmove_avx_*)
     // that the IFUNC tests expect.
     "libc6-dbg",
+    "chromium",
 ];
 
 /// Runs every step.

@@ -25,6 +25,7 @@ const E2E: &[&str] = &[
     "fleet",
     "recording",
     "unwind",
+    "report",
     "bench",
 ];
 

@@ -4,7 +4,7 @@
 //! magic-trace's mechanism (a hardware breakpoint), on the same target in
 //! one run. Prints Markdown tables and writes every raw figure as JSON.
 //!
-//! `bench [--quick] [--out FILE]`. Needs root. MT_AGENT_BIN names the agent.
+//! `bench [--quick] [--out FILE] [--only PART]`. Needs root. MT_AGENT_BIN names the agent.
 
 use std::{
     fs,
@@ -22,6 +22,9 @@ use aya::{
 use mt_agent_tests::*;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
+
+#[path = "../bench_report.rs"]
+mod bench_report;
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -131,7 +134,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -168,6 +171,11 @@ fn main() {
     } else {
         Value::Array(Vec::new())
     };
+    let report_part = if part("report") {
+        bench_report::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -181,9 +189,11 @@ fn main() {
         "time_to_armed": armed,
         "waiting": waiting,
         "stacks": stacks,
+        "report": report_part,
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
+    bench_report::print(&report["report"]);
     if let Some(out) = out {
         if let Some(d) = out.parent() {
             let _ = fs::create_dir_all(d);

@@ -1,0 +1,379 @@
+//! The report page: one self-contained HTML file. Each flame graph is an
+//! inferno SVG (its own script gives hover, click-to-zoom and search) in an
+//! `<iframe srcdoc>`, so that the graphs' scripts and element ids stay apart
+//! and the page needs nothing but itself, from `file://` too.
+
+use std::fmt::Write as _;
+
+use inferno::flamegraph::{self, Options};
+
+use super::{
+    Page,
+    model::{FileReport, HitReport, Status},
+    moments::{self, Folded},
+    runinfo,
+};
+use crate::output::human_ns;
+
+/// Below this many samples a moment says little; the page says so.
+pub const FEW_SAMPLES: u64 = 20;
+
+const STYLE: &str = "body{font:14px sans-serif;margin:1em 2em;color:#222}\
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}\
+th{background:#eee}.bad{color:#b00}.warn{background:#fff3cd;padding:6px 10px;border:1px solid #e0c060}\
+.note{color:#555}iframe{width:100%;border:1px solid #ddd;margin:4px 0 12px}\
+code{background:#f4f4f4;padding:0 3px}h3{margin-top:2em}";
+
+/// Searches every flame graph of the page (each graph's own `search`).
+const SCRIPT: &str = "function searchAll(t){for(const f of document.querySelectorAll('iframe.fg')){\
+const w=f.contentWindow;if(!w||!w.search)continue;if(t)w.search(t);else w.reset_search();}}";
+
+/// inferno's script records zoom and search in the URL
+/// (`history.replaceState`), which a `srcdoc` frame of a `file://` page may
+/// not do (a SecurityError): there the state simply stays unrecorded.
+const KEEP_URL: &str = "(function(){var r=history.replaceState.bind(history);\
+history.replaceState=function(){try{r.apply(null,arguments)}catch(e){}};})();";
+
+/// The whole page.
+pub fn page(p: &Page) -> String {
+    let mut h = String::with_capacity(1 << 20);
+    h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+    let _ = write!(
+        h,
+        "<title>mt-agent report: {}</title><style>{STYLE}</style><script>{SCRIPT}</script></head><body>",
+        esc(&p.out.display().to_string())
+    );
+    let _ = write!(
+        h,
+        "<h1>mt-agent report</h1><p>Output directory <code>{}</code>.</p>",
+        esc(&p.out.display().to_string())
+    );
+    run_section(&mut h, p);
+    warnings(&mut h, p);
+    table(&mut h, p);
+    h.push_str(
+        "<p><label>Search every flame graph: <input id=\"search\" type=\"search\" \
+         oninput=\"searchAll(this.value)\" placeholder=\"function name (regex)\"></label></p>",
+    );
+    for f in &p.files {
+        for hit in &f.hits {
+            hit_section(&mut h, p, f, hit);
+        }
+    }
+    h.push_str("</body></html>\n");
+    h
+}
+
+fn run_section(h: &mut String, p: &Page) {
+    h.push_str("<h2>The run</h2><table><tr><th>directory</th><th>target</th><th>trigger</th><th>event</th><th>freq (Hz)</th><th>time span</th><th>counters (last snapshot)</th></tr>");
+    for r in &p.runs {
+        let info = runinfo::of(p, r);
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            esc(&display_dir(&r.rel)),
+            esc(&info.target),
+            esc(&info.trigger),
+            esc(&info.event),
+            esc(&info.freq),
+            esc(&info.span),
+            esc(&info.counters),
+        );
+    }
+    h.push_str("</table>");
+    if let Some(c) = p.files.iter().find_map(|f| f.cmdline.as_ref()) {
+        let _ = write!(
+            h,
+            "<p class=\"note\">perf ran as <code>{}</code>.</p>",
+            esc(c)
+        );
+    }
+}
+
+fn warnings(h: &mut String, p: &Page) {
+    for f in p.files.iter().filter(|f| f.status.is_bad()) {
+        let _ = write!(
+            h,
+            "<p class=\"warn bad\">{}: {}. The other snapshots are reported.</p>",
+            esc(&display_file(f)),
+            esc(&f.status.describe())
+        );
+    }
+    for r in p.runs.iter().filter(|r| r.bad_lines > 0) {
+        let _ = write!(
+            h,
+            "<p class=\"warn\">{}: {} index line(s) could not be read and are left out.</p>",
+            esc(&display_dir(&r.rel)),
+            r.bad_lines
+        );
+    }
+    let (cut, all) = p.truncated;
+    if all > 0 && cut * 2 > all {
+        let _ = write!(
+            h,
+            "<p class=\"warn\">{cut} of {all} stacks ({:.0}%) do not reach their thread's start \
+             (<code>main</code>, <code>start_thread</code>, <code>_start</code>, <code>clone</code>): \
+             the objects were probably built without frame pointers. Their callers are missing \
+             from the graphs; record with DWARF unwinding (<code>-- --call-graph dwarf</code>).</p>",
+            100.0 * cut as f64 / all as f64
+        );
+    }
+}
+
+fn table(h: &mut String, p: &Page) {
+    h.push_str("<h2>Snapshots</h2><table><tr><th>kind</th><th>file</th><th>hit</th><th>hit time (host local time, ±10 ms)</th><th>s into run</th><th>tid</th><th>args</th><th>duration</th><th>retval</th><th>hit → kill</th><th>samples in file</th><th>samples in moment</th></tr>");
+    for f in &p.files {
+        let status = match &f.status {
+            Status::Read => String::new(),
+            s => format!(" <span class=\"bad\">({})</span>", esc(&s.describe())),
+        };
+        let unlisted = match f.entry.unlisted_hits {
+            0 => String::new(),
+            n => format!(" (+{n} merged hits not listed)"),
+        };
+        let file = format!("{}{status}{unlisted}", esc(&display_file(f)));
+        let samples = if f.status == Status::Read {
+            f.samples.to_string()
+        } else {
+            "-".into()
+        };
+        if f.hits.is_empty() {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{file}</td><td colspan=\"8\"></td><td>{samples}</td><td>-</td></tr>",
+                esc(&f.entry.kind)
+            );
+        }
+        for hit in &f.hits {
+            hit_row(h, p, f, hit, &file, &samples);
+        }
+    }
+    h.push_str("</table>");
+}
+
+fn hit_row(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport, file: &str, samples: &str) {
+    let x = &hit.hit;
+    let seq = if x.merged {
+        format!("<a href=\"#{}\">#{}</a> (merged)", anchor(f, hit), x.seq)
+    } else {
+        format!("<a href=\"#{}\">#{}</a>", anchor(f, hit), x.seq)
+    };
+    let opt = |v: Option<u64>, hum: bool| match v {
+        Some(n) if hum => format!("{} ({n} ns)", human_ns(n)),
+        Some(n) => format!("{n:#x}"),
+        None => "-".into(),
+    };
+    let _ = write!(
+        h,
+        "<tr><td>{}</td><td>{file}</td><td>{seq}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{samples}</td><td>{}</td></tr>",
+        esc(&f.entry.kind),
+        esc(&runinfo::wall_clock(f, x).unwrap_or_else(|| "-".into())),
+        p.seconds_into_run(f, x)
+            .map_or("-".into(), |s| format!("{s:.3}")),
+        x.tid,
+        esc(&format!("{:?}", x.args)),
+        opt(x.duration_ns, true),
+        opt(x.retval, false),
+        opt(f.entry.hit_to_kill_ns.filter(|_| !x.merged), true),
+        if f.status == Status::Read {
+            moments::total(&hit.moment).to_string()
+        } else {
+            "-".into()
+        },
+    );
+}
+
+fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
+    let x = &hit.hit;
+    let _ = write!(
+        h,
+        "<h3 id=\"{}\">Hit #{} in {}: tid {}</h3>",
+        anchor(f, hit),
+        x.seq,
+        esc(&display_file(f)),
+        x.tid
+    );
+    if f.status != Status::Read {
+        let _ = write!(
+            h,
+            "<p class=\"bad\">No flame graphs: the snapshot is {}.</p>",
+            esc(&f.status.describe())
+        );
+        return;
+    }
+    let sp = hit.span;
+    let what = if sp.call {
+        format!(
+            "the slow call itself, {} long",
+            human_ns(sp.end_ns - sp.start_ns)
+        )
+    } else {
+        format!(
+            "the last {} before the hit",
+            human_ns(sp.end_ns - sp.start_ns)
+        )
+    };
+    let n = moments::total(&hit.moment);
+    let _ = write!(
+        h,
+        "<p>The moment is {what} on thread {}: {n} samples (folded: <code>report/{}</code>).</p>",
+        sp.tid,
+        esc(&hit.moment_file.display().to_string())
+    );
+    if n < FEW_SAMPLES {
+        let _ = write!(
+            h,
+            "<p class=\"warn\">Only {n} samples in this moment: too few to mean much. Record with a \
+             higher <code>--freq</code> (e.g. <code>-F 4999</code>){}.</p>",
+            if p.window_ns > 0 && !sp.call {
+                " or report with a longer --window"
+            } else {
+                ""
+            }
+        );
+    }
+    graph(h, "The moment on the hit's thread", &hit.moment, "moment");
+    graph(
+        h,
+        "The whole process over the whole snapshot",
+        &f.all,
+        "all",
+    );
+    diff_graph(h, hit);
+}
+
+fn graph(h: &mut String, title: &str, folded: &Folded, class: &str) {
+    let lines: Vec<String> = folded.iter().map(|(l, n)| format!("{l} {n}")).collect();
+    let total = moments::total(folded);
+    let mut opt = options(format!("{title} ({total} samples)"));
+    embed(h, title, &lines, &mut opt, class);
+}
+
+fn diff_graph(h: &mut String, hit: &HitReport) {
+    let title = "What is different about the moment";
+    if hit.rest.is_empty() {
+        let _ = write!(
+            h,
+            "<h4>{title}</h4><p class=\"note\">The thread has no samples outside the moment in this \
+             snapshot: nothing to compare with.</p>"
+        );
+        return;
+    }
+    let lines = moments::differential(&hit.moment, &hit.rest);
+    let mut opt = options(format!(
+        "{title}: the moment ({} samples) against the rest of the thread ({} samples, scaled)",
+        moments::total(&hit.moment),
+        moments::total(&hit.rest)
+    ));
+    opt.subtitle =
+        Some("red: more of the moment's time than in the rest of the thread; blue: less".into());
+    embed(h, title, &lines, &mut opt, "diff");
+}
+
+fn options(title: String) -> Options<'static> {
+    let mut o = Options::default();
+    o.title = title;
+    o.count_name = "samples".into();
+    o.hash = true;
+    o
+}
+
+/// Renders folded lines with inferno and embeds the SVG in an iframe.
+fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_>, class: &str) {
+    let _ = write!(h, "<h4>{}</h4>", esc(title));
+    if lines.is_empty() {
+        h.push_str("<p class=\"note\">No samples.</p>");
+        return;
+    }
+    let mut svg = Vec::new();
+    if let Err(e) = flamegraph::from_lines(opt, lines.iter().map(String::as_str), &mut svg) {
+        let _ = write!(
+            h,
+            "<p class=\"bad\">No flame graph: {}</p>",
+            esc(&e.to_string())
+        );
+        return;
+    }
+    let svg = String::from_utf8_lossy(&svg);
+    let svg = &svg[svg.find("<svg").unwrap_or(0)..];
+    let height = svg_height(svg).unwrap_or(400) + 8;
+    let doc = format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>svg{{width:100%}}</style>\
+         <script>{KEEP_URL}</script></head>\
+         <body style=\"margin:0\">{svg}</body></html>"
+    );
+    let _ = write!(
+        h,
+        "<iframe class=\"fg {class}\" title=\"{}\" style=\"height:{height}px\" srcdoc=\"{}\"></iframe>",
+        esc(title),
+        attr(&doc)
+    );
+}
+
+/// The root element's `height="N"`.
+fn svg_height(svg: &str) -> Option<u64> {
+    let head = &svg[..svg.find('>')?];
+    let i = head.find(" height=\"")? + 9;
+    let rest = &head[i..];
+    rest[..rest.find('"')?].parse().ok()
+}
+
+fn anchor(f: &FileReport, hit: &HitReport) -> String {
+    let dir = f.dir.display().to_string().replace('/', "-");
+    format!("hit-{dir}-{}-{}", f.entry.file, hit.hit.seq)
+}
+
+fn display_dir(rel: &std::path::Path) -> String {
+    if rel.as_os_str().is_empty() {
+        ".".into()
+    } else {
+        rel.display().to_string()
+    }
+}
+
+fn display_file(f: &FileReport) -> String {
+    f.dir.join(&f.entry.file).display().to_string()
+}
+
+/// Escapes text for HTML.
+pub fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Escapes a document for a double-quoted attribute (`srcdoc`).
+fn attr(s: &str) -> String {
+    s.replace('&', "&amp;").replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn svg_height_and_escaping() {
+        assert_eq!(
+            svg_height(
+                "<svg version=\"1.1\" width=\"1200\" height=\"342\" onload=\"init(evt)\"><g height=\"1\">"
+            ),
+            Some(342)
+        );
+        assert_eq!(esc("<a&\"b\">"), "&lt;a&amp;&quot;b&quot;&gt;");
+        assert_eq!(
+            attr("<a href=\"x\">&amp;"),
+            "<a href=&quot;x&quot;>&amp;amp;"
+        );
+    }
+
+    #[test]
+    fn inferno_renders_a_searchable_svg() {
+        let mut h = String::new();
+        let lines = vec!["main;work;slow_part 9".to_string(), "main;idle 1".into()];
+        embed(&mut h, "t", &lines, &mut options("t".into()), "moment");
+        assert!(h.contains("srcdoc="), "{h}");
+        assert!(h.contains("slow_part"));
+        assert!(h.contains("function search("));
+    }
+}

@@ -1,0 +1,260 @@
+//! `mt-agent report OUT`: each hit's moment as flame graphs in one page.
+//!
+//! * [`runs`]: the index directories of OUT and their lines;
+//! * [`samples`]: a snapshot's samples, through `perf script` (every perf
+//!   command goes through [`samples::perf_command`], which sets perf's
+//!   `--buildid-dir` to the run's build-id cache);
+//! * [`model`]: every snapshot read, in parallel, into folded stacks;
+//! * [`moments`]: a hit's moment, folding, shares, the differential;
+//! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
+//! * [`runfile`]: `OUT/run.json`, the triggers a capture run records for
+//!   the report.
+//!
+//! Exit codes: 0 the report is written; 2 OUT is not an mt-agent output,
+//! holds no hit, or some snapshots could not be read (the report is still
+//! written, those marked); 3 perf is missing; 4 the report cannot be
+//! written.
+
+mod html;
+mod model;
+mod moments;
+mod runfile;
+mod runinfo;
+mod runs;
+mod samples;
+mod write;
+
+use std::{
+    collections::HashMap,
+    io::Write as _,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use serde_json::json;
+
+use crate::{
+    cli::ReportArgs,
+    error::{ExitCode, Failure},
+    output::Reporter,
+};
+use model::{FileReport, HitReport};
+use runs::{Hit, RunDir};
+
+/// Name of the page in OUT.
+pub const PAGE: &str = "report.html";
+/// Directory of the folded files in OUT.
+pub const FOLDED_DIR: &str = "report";
+
+/// Everything the page is made of.
+pub struct Page {
+    pub out: PathBuf,
+    pub runs: Vec<RunDir>,
+    pub files: Vec<FileReport>,
+    pub window_ns: u64,
+    /// Stacks (over every file) that do not reach a thread's start, and all.
+    pub truncated: (u64, u64),
+    /// First sample time of each index directory, CLOCK_MONOTONIC ns.
+    starts: HashMap<PathBuf, u64>,
+}
+
+impl Page {
+    /// Seconds from the directory's first sample to the hit.
+    pub fn seconds_into_run(&self, f: &FileReport, hit: &Hit) -> Option<f64> {
+        let start = *self.starts.get(&f.dir)?;
+        Some((hit.ktime_ns as f64 - start as f64) / 1e9)
+    }
+}
+
+/// `mt-agent report`.
+pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let perf = crate::perf::find_perf(args.perf.as_deref())?;
+    let page = build(&args.out, &perf, args.window.as_nanos() as u64)?;
+    let path = write_all(&page)?;
+    let bad = warn_bad_files(&page);
+    if args.json {
+        let mut stdout = std::io::stdout().lock();
+        for f in &page.files {
+            for h in &f.hits {
+                let _ = writeln!(stdout, "{}", hit_json(&page, f, h, &path));
+            }
+        }
+    } else {
+        println!("{}", path.display());
+    }
+    log::debug!("report in {:.3} s", t0.elapsed().as_secs_f64());
+    Ok(if bad > 0 {
+        ExitCode::Usage
+    } else {
+        ExitCode::Ok
+    })
+}
+
+/// `--report` on a capture run: writes the report of `out` when the run
+/// ends and says where (`report: PATH`, or a `report` JSON event); a
+/// failure is a warning and does not change the run's exit code.
+pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: bool) {
+    let written = crate::perf::find_perf(perf).and_then(|perf| {
+        let page = build(out, &perf, DEFAULT_WINDOW_NS)?;
+        let path = write_all(&page)?;
+        warn_bad_files(&page);
+        Ok(path)
+    });
+    match written {
+        Ok(path) if json => println!("{}", json!({"event": "report", "path": path})),
+        Ok(path) => println!("report: {}", path.display()),
+        Err(f) => reporter.warning(&format!("no report: {}", f.message)),
+    }
+}
+
+/// Records the run's triggers in `out/run.json` for the report (see
+/// [`runfile`]); a failure is a warning.
+pub fn record_triggers(out: &Path, armed: &[crate::output::Armed], reporter: &Reporter) {
+    if let Err(e) = runfile::write(out, armed) {
+        reporter.warning(&format!(
+            "cannot write {}: {e}",
+            out.join(runfile::RUN_FILE).display()
+        ));
+    }
+}
+
+/// `--window` unless told otherwise: 1 s, ns.
+pub const DEFAULT_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Reads OUT: errors (exit code 2) when it is not an mt-agent output or
+/// holds no hit.
+fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
+    let not_ours = |why: String| {
+        Failure::usage(format!(
+            "{} is not an mt-agent output directory ({why}); give the --output of a run",
+            out.display()
+        ))
+    };
+    let meta = std::fs::metadata(out).map_err(|e| not_ours(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(not_ours("not a directory".into()));
+    }
+    let out = &out.canonicalize().map_err(|e| not_ours(e.to_string()))?;
+    let runs = runs::discover(out).map_err(|e| not_ours(e.to_string()))?;
+    if runs.is_empty() {
+        return Err(not_ours(format!(
+            "no {} in it or below",
+            crate::index::INDEX_FILE
+        )));
+    }
+    let hits: usize = runs
+        .iter()
+        .flat_map(|r| &r.entries)
+        .map(|e| e.hits.len())
+        .sum();
+    if hits == 0 {
+        return Err(Failure::usage(format!(
+            "{}: the run has no hits (its index lists {} snapshot(s), none caused by a call of \
+             the trigger); nothing to report",
+            out.display(),
+            runs.iter().map(|r| r.entries.len()).sum::<usize>()
+        )));
+    }
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let files = model::build(&runs, perf, window_ns, jobs);
+    let mut truncated = (0, 0);
+    let mut starts: HashMap<PathBuf, u64> = HashMap::new();
+    for f in &files {
+        let (c, t) = moments::truncated(&f.all);
+        truncated = (truncated.0 + c, truncated.1 + t);
+        if let Some((lo, _)) = f.span_ns {
+            let s = starts.entry(f.dir.clone()).or_insert(lo);
+            *s = (*s).min(lo);
+        }
+    }
+    Ok(Page {
+        out: out.to_path_buf(),
+        runs,
+        files,
+        window_ns,
+        truncated,
+        starts,
+    })
+}
+
+/// Writes the folded files and the page; returns the page's path.
+fn write_all(p: &Page) -> Result<PathBuf, Failure> {
+    let fail = |e: std::io::Error| {
+        Failure::runtime(format!(
+            "cannot write the report in {}: {e}",
+            p.out.display()
+        ))
+    };
+    let folded = write::ensure_dir(&p.out, Path::new(FOLDED_DIR)).map_err(fail)?;
+    for f in p.files.iter().filter(|f| f.status == model::Status::Read) {
+        let dir = write::ensure_dir(&folded, &f.dir).map_err(fail)?;
+        let name = |rel: &Path| dir.join(rel.file_name().expect("a file name"));
+        write::replace(&name(&f.all_file), moments::folded_text(&f.all).as_bytes())
+            .map_err(fail)?;
+        for h in &f.hits {
+            write::replace(
+                &name(&h.moment_file),
+                moments::folded_text(&h.moment).as_bytes(),
+            )
+            .map_err(fail)?;
+        }
+    }
+    let path = p.out.join(PAGE);
+    write::replace(&path, html::page(p).as_bytes()).map_err(fail)?;
+    Ok(path)
+}
+
+/// One warning line per snapshot that could not be read; returns how many.
+fn warn_bad_files(p: &Page) -> usize {
+    let mut n = 0;
+    for f in p.files.iter().filter(|f| f.status.is_bad()) {
+        n += 1;
+        eprintln!(
+            "mt-agent: warning: {}: {}; the report marks it and shows the other snapshots",
+            p.out.join(&f.dir).join(&f.entry.file).display(),
+            f.status.describe()
+        );
+    }
+    n
+}
+
+/// The `--json` object of one hit.
+fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json::Value {
+    let x = &h.hit;
+    let read = f.status == model::Status::Read;
+    let folded = |rel: &Path| read.then(|| Path::new(FOLDED_DIR).join(rel));
+    let m = moments::total(&h.moment);
+    json!({
+        "event": "hit",
+        "report": page,
+        "dir": f.dir,
+        "file": f.entry.file,
+        "kind": f.entry.kind,
+        "status": f.status.describe(),
+        "seq": x.seq, "tgid": x.tgid, "tid": x.tid, "cpu": x.cpu,
+        "ktime_ns": x.ktime_ns, "args": x.args,
+        "duration_ns": x.duration_ns, "retval": x.retval, "merged": x.merged,
+        "hit_to_kill_ns": f.entry.hit_to_kill_ns,
+        "wall_clock": runinfo::wall_clock(f, x),
+        "seconds_into_run": p.seconds_into_run(f, x),
+        "file_samples": read.then_some(f.samples),
+        "moment": {
+            "start_ns": h.span.start_ns, "end_ns": h.span.end_ns, "tid": h.span.tid,
+            "call": h.span.call,
+            "samples": m,
+            "few_samples": read && m < html::FEW_SAMPLES,
+            "folded": folded(&h.moment_file),
+            "top": moments::shares(&h.moment, 20),
+            "truncated_stacks": moments::truncated(&h.moment).0,
+        },
+        "all": {
+            "samples": moments::total(&f.all),
+            "folded": folded(&f.all_file),
+            "top": moments::shares(&f.all, 20),
+            "truncated_stacks": moments::truncated(&f.all).0,
+        },
+        "rest_of_thread_samples": moments::total(&h.rest),
+        "diff": moments::deltas(&h.moment, &h.rest, 10),
+    })
+}

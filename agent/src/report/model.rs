@@ -1,0 +1,183 @@
+//! Reads every snapshot of a run (in parallel, one `perf script` per file)
+//! and builds what the page and the JSON show.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use super::{
+    moments::{self, Folded, Span},
+    runs::{Entry, Hit, RunDir, open_regular},
+    samples::{self, Samples},
+};
+
+/// What became of a snapshot file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Read.
+    Read,
+    /// `--keep` deleted it, as the index says.
+    Deleted,
+    /// The index names it but it is gone (or is not a regular file).
+    Missing(String),
+    /// Shorter than the index says: cut short after the run.
+    Truncated { have: u64, want: u64 },
+    /// perf could not read it.
+    Corrupt(String),
+}
+
+impl Status {
+    /// A file that should be there and could not be read.
+    pub fn is_bad(&self) -> bool {
+        matches!(
+            self,
+            Status::Missing(_) | Status::Truncated { .. } | Status::Corrupt(_)
+        )
+    }
+
+    /// One phrase for the page and the warnings.
+    pub fn describe(&self) -> String {
+        match self {
+            Status::Read => "read".into(),
+            Status::Deleted => "deleted by --keep".into(),
+            Status::Missing(e) => format!("missing ({e})"),
+            Status::Truncated { have, want } => {
+                format!("truncated: {have} bytes of the {want} the index lists")
+            }
+            Status::Corrupt(e) => format!("unreadable: {e}"),
+        }
+    }
+}
+
+/// One hit's moment, folded.
+#[derive(Debug)]
+pub struct HitReport {
+    pub hit: Hit,
+    pub span: Span,
+    /// The moment on the hit's thread.
+    pub moment: Folded,
+    /// The rest of the same thread's samples in the snapshot.
+    pub rest: Folded,
+    /// Name of the folded file of the moment, relative to OUT/report.
+    pub moment_file: PathBuf,
+}
+
+/// One snapshot file.
+#[derive(Debug)]
+pub struct FileReport {
+    /// The index directory, relative to OUT.
+    pub dir: PathBuf,
+    pub entry: Entry,
+    pub status: Status,
+    /// Samples in the file.
+    pub samples: u64,
+    /// First and last sample times, CLOCK_MONOTONIC ns.
+    pub span_ns: Option<(u64, u64)>,
+    /// The whole process over the whole snapshot.
+    pub all: Folded,
+    pub all_file: PathBuf,
+    pub hits: Vec<HitReport>,
+    /// perf's command line, from the file's header.
+    pub cmdline: Option<String>,
+}
+
+/// Reads every file of every index directory, `jobs` at a time.
+pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<FileReport> {
+    let work: Vec<(&RunDir, &Entry)> = runs
+        .iter()
+        .flat_map(|r| r.entries.iter().map(move |e| (r, e)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<(usize, FileReport)>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, work.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((run, entry)) = work.get(i) else {
+                        break;
+                    };
+                    let r = one_file(run, entry, perf, window_ns);
+                    done.lock().expect("not poisoned").push((i, r));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().expect("not poisoned");
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+fn one_file(run: &RunDir, entry: &Entry, perf: &Path, window_ns: u64) -> FileReport {
+    let mut rep = FileReport {
+        dir: run.rel.clone(),
+        entry: entry.clone(),
+        status: Status::Read,
+        samples: 0,
+        span_ns: None,
+        all: Vec::new(),
+        all_file: run.rel.join(format!("{}.all.folded", entry.file)),
+        hits: Vec::new(),
+        cmdline: None,
+    };
+    let path = run.path.join(&entry.file);
+    let read = match open_regular(&path) {
+        Err(_) if run.deleted.contains(&entry.file) => Err(Status::Deleted),
+        Err(e) => Err(Status::Missing(e.to_string())),
+        Ok(f) => match f.metadata().map(|m| m.len()) {
+            Ok(have) if have < entry.bytes => Err(Status::Truncated {
+                have,
+                want: entry.bytes,
+            }),
+            _ => samples::read(perf, run.buildid_dir.as_deref(), &f).map_err(Status::Corrupt),
+        },
+    };
+    match read {
+        Ok(s) => fill(&mut rep, &s, window_ns),
+        Err(status) => rep.status = status,
+    }
+    // Hits are listed even when their file could not be read.
+    if rep.hits.is_empty() {
+        rep.hits = entry
+            .hits
+            .iter()
+            .map(|h| hit_report(&rep, h, window_ns))
+            .collect();
+    }
+    rep
+}
+
+fn hit_report(rep: &FileReport, h: &Hit, window_ns: u64) -> HitReport {
+    let name = if rep.entry.hits.len() > 1 {
+        format!("{}.{}.moment.folded", rep.entry.file, h.seq)
+    } else {
+        format!("{}.moment.folded", rep.entry.file)
+    };
+    HitReport {
+        hit: h.clone(),
+        span: moments::span(h, window_ns),
+        moment: Vec::new(),
+        rest: Vec::new(),
+        moment_file: rep.dir.join(name),
+    }
+}
+
+fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
+    rep.cmdline = s.cmdline.clone();
+    rep.samples = s.samples.len() as u64;
+    let lo = s.samples.iter().map(|x| x.time_ns).min();
+    let hi = s.samples.iter().map(|x| x.time_ns).max();
+    rep.span_ns = lo.zip(hi);
+    rep.all = moments::fold(s, |_| true);
+    for h in &rep.entry.hits {
+        let mut hr = hit_report(rep, h, window_ns);
+        let sp = hr.span;
+        hr.moment = moments::fold(s, |x| sp.contains(x));
+        hr.rest = moments::fold(s, |x| x.tid == sp.tid && !sp.contains(x));
+        rep.hits.push(hr);
+    }
+}

@@ -1,0 +1,163 @@
+//! What the page says about a run: target, event, frequency and time span
+//! (from perf's command line in the snapshots' headers), counters (from the
+//! index), and hit times on the wall clock (from perf's file names).
+
+use super::{Page, model::FileReport, runs::Hit, runs::RunDir};
+
+/// One row of the page's "The run" table.
+pub struct RunInfo {
+    pub target: String,
+    pub trigger: String,
+    pub event: String,
+    pub freq: String,
+    pub span: String,
+    pub counters: String,
+}
+
+/// The row for one index directory.
+pub fn of(p: &Page, r: &RunDir) -> RunInfo {
+    let files: Vec<&FileReport> = p.files.iter().filter(|f| f.dir == r.rel).collect();
+    let cmd = files
+        .iter()
+        .find_map(|f| f.cmdline.as_deref())
+        .unwrap_or("");
+    let tgids: Vec<String> = {
+        let mut v: Vec<u32> = files
+            .iter()
+            .flat_map(|f| f.entry.hits.iter().map(|h| h.tgid))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v.iter().map(u32::to_string).collect()
+    };
+    let target = match option(cmd, &["-p", "--pid"]) {
+        Some(pid) => format!("pid {pid}"),
+        None if !tgids.is_empty() => format!("pid {}", tgids.join(", ")),
+        None => "-".into(),
+    };
+    let hits: usize = files.iter().map(|f| f.entry.hits.len()).sum();
+    let slow = files
+        .iter()
+        .any(|f| f.entry.hits.iter().any(|h| h.duration_ns.is_some()));
+    let function = match super::runfile::trigger_of(&p.out, r) {
+        Some(t) => format!("{} in {}: ", t.symbol, t.object.display()),
+        None => String::new(),
+    };
+    let trigger = format!(
+        "{function}{hits} hit(s){}",
+        if slow {
+            ", slow calls (--slower-than)"
+        } else {
+            ""
+        }
+    );
+    let lo = files.iter().filter_map(|f| f.span_ns.map(|s| s.0)).min();
+    let hi = files.iter().filter_map(|f| f.span_ns.map(|s| s.1)).max();
+    let span = match lo.zip(hi) {
+        Some((a, b)) => format!(
+            "{:.3} s of samples, in {} file(s)",
+            (b - a) as f64 / 1e9,
+            files.len()
+        ),
+        None => format!("{} file(s), no samples read", files.len()),
+    };
+    let counters = files
+        .last()
+        .map(|f| counters(&f.entry.counters))
+        .unwrap_or_default();
+    RunInfo {
+        target,
+        trigger,
+        event: option(cmd, &["-e", "--event"]).unwrap_or("-").to_string(),
+        freq: option(cmd, &["-F", "--freq"]).unwrap_or("-").to_string(),
+        span,
+        counters,
+    }
+}
+
+/// The value of a command-line option (`-F 999`, `--freq=999`).
+fn option<'a>(cmd: &'a str, names: &[&str]) -> Option<&'a str> {
+    let mut it = cmd.split_whitespace();
+    while let Some(w) = it.next() {
+        for n in names {
+            if w == *n {
+                return it.next();
+            }
+            if let Some(v) = w.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
+                return Some(v);
+            }
+        }
+    }
+    None
+}
+
+fn counters(c: &serde_json::Value) -> String {
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let dropped: u64 = c["dropped"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+        .unwrap_or(0);
+    format!(
+        "seen {}, accepted {}, dropped {dropped}, lost {}",
+        n("seen"),
+        n("accepted"),
+        n("lost")
+    )
+}
+
+/// The hit's wall-clock time, from the snapshot's name: perf names a file
+/// by the local time of its switch, to the centisecond
+/// (`perf.data.YYYYmmddHHMMSScc`), which follows the first hit by
+/// `hit_to_kill_ns` plus perf's switch. So this is the switch time less the
+/// hit's distance from it, to about 10 ms.
+pub fn wall_clock(f: &FileReport, hit: &Hit) -> Option<String> {
+    let stamp = f.entry.file.strip_prefix("perf.data.")?;
+    if stamp.len() != 16 || !stamp.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let num = |a: usize, b: usize| stamp[a..b].parse::<i64>().ok();
+    // SAFETY: a zeroed tm is valid; timegm/gmtime_r get valid pointers.
+    unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        tm.tm_year = num(0, 4)? as i32 - 1900;
+        tm.tm_mon = num(4, 6)? as i32 - 1;
+        tm.tm_mday = num(6, 8)? as i32;
+        tm.tm_hour = num(8, 10)? as i32;
+        tm.tm_min = num(10, 12)? as i32;
+        tm.tm_sec = num(12, 14)? as i32;
+        let switch_ms = libc::timegm(&mut tm) * 1000 + num(14, 16)? * 10;
+        let first = f.entry.hits.first()?.ktime_ns;
+        let before_ns = f.entry.hit_to_kill_ns.unwrap_or(0) + first.saturating_sub(hit.ktime_ns);
+        let ms = switch_ms - (before_ns / 1_000_000) as i64;
+        let secs = ms.div_euclid(1000);
+        let mut out: libc::tm = std::mem::zeroed();
+        libc::gmtime_r(&secs, &mut out);
+        Some(format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:02}",
+            out.tm_year + 1900,
+            out.tm_mon + 1,
+            out.tm_mday,
+            out.tm_hour,
+            out.tm_min,
+            out.tm_sec,
+            ms.rem_euclid(1000) / 10
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_of_perfs_command_line() {
+        let c = "/usr/bin/perf record -p 42 -o /x/perf.data -e cpu-clock -F 999 -g";
+        assert_eq!(option(c, &["-p"]), Some("42"));
+        assert_eq!(option(c, &["-e"]), Some("cpu-clock"));
+        assert_eq!(
+            option("perf record --freq=99", &["-F", "--freq"]),
+            Some("99")
+        );
+        assert_eq!(option(c, &["--call-graph"]), None);
+    }
+}

@@ -1,0 +1,487 @@
+//! `mt-agent report`: real captures of real processes, reported, and the
+//! page opened in a real browser. Privileged (the captures).
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::Duration,
+};
+
+use mt_agent_tests::cdp;
+use mt_agent_tests::*;
+use serde_json::Value;
+
+/// Runs `mt-agent report ARGS`.
+fn report(args: &[&str], out: &Path) -> Output {
+    Command::new(agent_bin())
+        .arg("report")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("run mt-agent report")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The `--json` lines of a report.
+fn hits_json(o: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
+
+/// A folded file: `root;...;leaf count` lines.
+fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').expect("`stack count`");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                n.parse().unwrap_or_else(|_| panic!("count in {l:?}")),
+            )
+        })
+        .collect()
+}
+
+/// Share of the samples with `name` anywhere on the stack.
+fn share_under(folded: &[(Vec<String>, u64)], name: &str) -> f64 {
+    let total: u64 = folded.iter().map(|(_, n)| n).sum();
+    let under: u64 = folded
+        .iter()
+        .filter(|(s, _)| s.iter().any(|f| f == name))
+        .map(|(_, n)| n)
+        .sum();
+    under as f64 / total.max(1) as f64
+}
+
+/// Captures the moment target: 8 calls of `handle`, 4 of them slow (60 ms
+/// of CPU in `slow_part`), with `--slower-than 30ms`.
+fn capture_moments() -> Run {
+    preflight();
+    let mut t = Target::start(&target_path("moment"), &["moment", "8"]);
+    let run = capture(
+        &mut t,
+        &["--symbol", "handle", "--slower-than", "30ms", "--report"],
+    );
+    assert_eq!(run.entries("hit").len(), 4, "{}", run.output());
+    // --report: the page is written as the run ends, and said so.
+    let page = run.out.canonicalize().unwrap().join("report.html");
+    let said = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "report");
+    assert_eq!(
+        said.map(|e| e["path"].clone()),
+        Some(Value::from(page.display().to_string())),
+        "{}",
+        run.output()
+    );
+    assert!(page.is_file());
+    // The tests below look at what `mt-agent report` writes.
+    fs::remove_file(&page).unwrap();
+    fs::remove_dir_all(run.out.join("report")).unwrap();
+    run
+}
+
+#[test]
+fn the_moment_is_the_moment() {
+    let run = capture_moments();
+    let o = report(&["--json"], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let hits = hits_json(&o);
+    assert_eq!(hits.len(), 4, "{}", text(&o));
+    for h in &hits {
+        let ctx = format!("hit {h}");
+        assert_eq!(h["status"], "read", "{ctx}");
+        let d = h["duration_ns"].as_u64().expect("a slow call's duration");
+        assert_eq!(h["moment"]["call"], true, "{ctx}");
+        assert_eq!(
+            h["moment"]["end_ns"].as_u64().unwrap() - h["moment"]["start_ns"].as_u64().unwrap(),
+            d,
+            "{ctx}"
+        );
+        // The moment: mostly under slow_part, in the folded file and in JSON.
+        let moment = read_folded(&run.out.join(h["moment"]["folded"].as_str().unwrap()));
+        let n: u64 = moment.iter().map(|(_, n)| n).sum();
+        assert_eq!(n, h["moment"]["samples"].as_u64().unwrap(), "{ctx}");
+        // ~60 samples at 999 Hz; far fewer would mean the wrong window.
+        assert!(n >= 20, "only {n} samples in the moment; {ctx}");
+        let under = share_under(&moment, "slow_part");
+        assert!(
+            under >= 0.8,
+            "{under:.2} of the moment under slow_part; {ctx}"
+        );
+        let top = h["moment"]["top"].as_array().unwrap();
+        let js = top
+            .iter()
+            .find(|t| t["name"] == "slow_part")
+            .expect("slow_part in top");
+        assert!(
+            (js["inclusive"].as_f64().unwrap() - under).abs() < 1e-9,
+            "{ctx}"
+        );
+        // The whole process: mostly the worker's background_work.
+        let all = read_folded(&run.out.join(h["all"]["folded"].as_str().unwrap()));
+        let bg = share_under(&all, "background_work");
+        assert!(
+            bg > 0.5,
+            "background_work is {bg:.2} of the whole snapshot; {ctx}"
+        );
+        assert!(bg > share_under(&all, "slow_part"), "{ctx}");
+        // The differential: slow_part has gained the most.
+        assert_eq!(h["diff"][0]["name"], "slow_part", "{ctx}");
+        assert!(h["diff"][0]["delta"].as_f64().unwrap() > 0.5, "{ctx}");
+    }
+    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    assert!(page.contains("handle in "), "the trigger is not named");
+    // Without --json: the page's path, and the same folded files.
+    let o = report(&[], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        run.out
+            .canonicalize()
+            .unwrap()
+            .join("report.html")
+            .display()
+            .to_string()
+    );
+}
+
+/// Where the browser test leaves its screenshot (kept after the test).
+fn screenshot_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("report-browser")
+}
+
+#[test]
+fn the_page_works_in_a_real_browser() {
+    let run = capture_moments();
+    let o = report(&[], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let page = run.out.canonicalize().unwrap().join("report.html");
+    let mut b = cdp::Browser::start();
+    b.open(&format!("file://{}", page.display()));
+    // Every flame graph: its size and the names it holds.
+    let graphs = b.eval(
+        "Array.from(document.querySelectorAll('iframe.fg')).map(f => { \
+           const d = f.contentDocument; const svg = d && d.querySelector('svg'); \
+           const r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0}; \
+           return {kind: f.className, w: r.width, h: r.height, \
+                   names: svg ? Array.from(svg.querySelectorAll('#frames g title')).map(t => t.textContent) : []}; })",
+    );
+    let graphs = graphs.as_array().expect("an array of graphs");
+    // Four hits, three graphs each.
+    assert_eq!(graphs.len(), 12, "{graphs:?}");
+    for g in graphs {
+        assert!(
+            g["w"].as_f64().unwrap() > 100.0 && g["h"].as_f64().unwrap() > 50.0,
+            "a flame graph without size: {g}"
+        );
+        let names: Vec<&str> = g["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let has = |f: &str| names.iter().any(|n| n.starts_with(f));
+        let kind = g["kind"].as_str().unwrap();
+        assert!(
+            has("slow_part") && has("handle") && has("main"),
+            "{kind}: {names:?}"
+        );
+        if kind.contains("all") {
+            assert!(has("background_work"), "{kind}: {names:?}");
+        }
+    }
+    // The page's search box searches every graph: slow_part turns the
+    // search colour in each moment.
+    let matched = b.eval(
+        "searchAll('slow_part'); \
+         Array.from(document.querySelectorAll('iframe.fg.moment')).map(f => \
+           Array.from(f.contentDocument.querySelectorAll('#frames rect')) \
+             .filter(r => r.getAttribute('fill') === f.contentWindow.searchcolor).length)",
+    );
+    let matched: Vec<u64> = matched
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(matched.len(), 4, "{matched:?}");
+    assert!(
+        matched.iter().all(|&n| n >= 1),
+        "search highlighted {matched:?}"
+    );
+    // A click on a frame zooms into it: the graph's reset button shows.
+    let zoomed = b.eval(
+        "(() => { const d = document.querySelector('iframe.fg.moment').contentDocument; \
+           const g = Array.from(d.querySelectorAll('#frames g')) \
+             .find(g => g.querySelector('title').textContent.startsWith('handle')); \
+           g.dispatchEvent(new MouseEvent('click', {bubbles: true})); \
+           return !d.getElementById('unzoom').classList.contains('hide'); })()",
+    );
+    assert_eq!(zoomed, Value::Bool(true), "a click did not zoom");
+    let dir = screenshot_dir();
+    fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("report.png");
+    fs::write(&shot, b.screenshot()).unwrap();
+    eprintln!("screenshot: {}", shot.display());
+    let errors = b.close();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+}
+
+/// Name, size and modification time of every file under `dir` but the
+/// report's own.
+fn listing(dir: &Path) -> BTreeMap<PathBuf, (u64, i64, i64)> {
+    let mut m = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let rel = e.path().strip_prefix(dir).unwrap().to_path_buf();
+            if rel == Path::new("report") || rel == Path::new("report.html") {
+                continue;
+            }
+            let md = fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+            m.insert(rel, (md.len(), md.mtime(), md.mtime_nsec()));
+        }
+    }
+    m
+}
+
+/// A copy of a run's output directory.
+fn copy_of(run: &Run, name: &str) -> PathBuf {
+    let dst = run.tmp.path().join(name);
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(&run.out)
+        .arg(&dst)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a");
+    let _ = fs::remove_dir_all(dst.join("report"));
+    let _ = fs::remove_file(dst.join("report.html"));
+    dst
+}
+
+/// Runs the report and checks that nothing but the report's files changed.
+fn report_untouched(args: &[&str], out: &Path) -> Output {
+    let before = listing(out);
+    let o = report(args, out);
+    assert_eq!(before, listing(out), "report changed OUT\n{}", text(&o));
+    o
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let run = capture_moments();
+    not_an_output(&run);
+    no_hits(&run);
+    bad_snapshots(&run);
+    files_gone(&run);
+}
+
+/// Not an mt-agent output: nothing written.
+fn not_an_output(run: &Run) {
+    let empty = run.tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let o = report_untouched(&[], &empty);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{}", text(&o));
+    assert!(
+        err.contains("not an mt-agent output directory"),
+        "{}",
+        text(&o)
+    );
+    assert!(!empty.join("report.html").exists() && !empty.join("report").exists());
+    let o = report(&[], &run.out.join("snapshots.jsonl"));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// A run with no hits: only the tail file. Nothing written.
+fn no_hits(run: &Run) {
+    let nohits = copy_of(run, "nohits");
+    let index = fs::read_to_string(nohits.join("snapshots.jsonl")).unwrap();
+    let tail: String = index
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"tail\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(nohits.join("snapshots.jsonl"), tail).unwrap();
+    let o = report_untouched(&[], &nohits);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).lines().count(),
+        1,
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no hits"),
+        "{}",
+        text(&o)
+    );
+    assert!(!nohits.join("report.html").exists());
+}
+
+fn hit_files(run: &Run) -> Vec<String> {
+    run.entries("hit")
+        .iter()
+        .map(|e| e["file"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Snapshots that are truncated, corrupt, or a symlink out of OUT: each
+/// marked, the others reported.
+fn bad_snapshots(run: &Run) {
+    let bad = copy_of(run, "bad");
+    let files = hit_files(run);
+    let f = |i: usize| bad.join(&files[i]);
+    let len = fs::metadata(f(0)).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(f(0))
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let mut junk = fs::read(f(1)).unwrap();
+    let n = junk.len().min(4096);
+    junk[..n].fill(0x5a);
+    fs::write(f(1), junk).unwrap();
+    fs::remove_file(f(2)).unwrap();
+    std::os::unix::fs::symlink(run.out.join(&files[2]), f(2)).unwrap();
+    let o = report_untouched(&["--json"], &bad);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(
+        err.lines().count(),
+        3,
+        "one line per bad snapshot\n{}",
+        text(&o)
+    );
+    for (i, what) in [(0, "truncated"), (1, "unreadable"), (2, "missing")] {
+        assert!(
+            err.lines()
+                .any(|l| l.contains(&files[i]) && l.contains(what)),
+            "{} not marked {what}\n{}",
+            files[i],
+            text(&o)
+        );
+    }
+    let hits = hits_json(&o);
+    assert_eq!(hits.len(), 4, "{}", text(&o));
+    assert_eq!(hits[3]["status"], "read", "{}", text(&o));
+    assert!(hits[3]["moment"]["samples"].as_u64().unwrap() > 0);
+    for h in &hits[..3] {
+        assert_ne!(h["status"], "read", "{h}");
+    }
+    let page = fs::read_to_string(bad.join("report.html")).unwrap();
+    assert!(page.contains("truncated") && page.contains("missing"));
+}
+
+/// An index that names files that no longer exist, and a FIFO.
+fn files_gone(run: &Run) {
+    let files = hit_files(run);
+    let gone = copy_of(run, "gone");
+    for name in &files[..3] {
+        fs::remove_file(gone.join(name)).unwrap();
+    }
+    fs::remove_file(gone.join(&files[3])).unwrap();
+    nix::unistd::mkfifo(
+        &gone.join(&files[3]),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let o = report_untouched(&[], &gone);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("missing").count(), 4, "{}", text(&o));
+    assert!(gone.join("report.html").is_file());
+}
+
+#[test]
+fn an_exe_output_with_two_processes_is_one_page() {
+    preflight();
+    let bin = target_path("target");
+    let exe = bin.display().to_string();
+    let mut p1 = Target::start(&bin, &["calls", "3", "300"]);
+    let mut p2 = Target::start(&bin, &["calls", "3", "300"]);
+    let mut agent = Agent::start(&["--exe", &exe, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    // Both recorders run before the processes start calling.
+    for pid in [p1.pid(), p2.pid()] {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while !agent
+            .proc
+            .stdout()
+            .iter()
+            .any(|l| l.contains("\"target_started\"") && l.contains(&format!("\"pid\":{pid}")))
+        {
+            assert!(std::time::Instant::now() < end, "no recorder for {pid}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    p1.go();
+    p2.go();
+    p1.wait(Duration::from_secs(20));
+    p2.wait(Duration::from_secs(20));
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while agent
+        .proc
+        .stdout()
+        .iter()
+        .filter(|l| l.contains("\"target_finished\""))
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < end, "recorders not finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let o = report_untouched(&["--json"], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let hits = hits_json(&o);
+    for p in [&p1, &p2] {
+        let pid = p.pid().to_string();
+        let mine: Vec<&Value> = hits.iter().filter(|h| h["dir"] == pid.as_str()).collect();
+        assert_eq!(mine.len(), 3, "pid {pid}: {}", text(&o));
+        assert!(
+            mine.iter()
+                .all(|h| h["tgid"] == p.pid() && h["status"] == "read")
+        );
+        for h in mine {
+            let folded = h["moment"]["folded"].as_str().unwrap();
+            assert!(folded.starts_with(&format!("report/{pid}/")), "{folded}");
+            assert!(run.out.join(folded).is_file(), "{folded}");
+        }
+    }
+    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    assert!(
+        page.contains(&format!("pid {}", p1.pid())) && page.contains(&format!("pid {}", p2.pid()))
+    );
+    assert!(
+        page.contains(&format!("trigger in {exe}")),
+        "the trigger is not named"
+    );
+}
