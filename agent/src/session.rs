@@ -48,12 +48,54 @@ pub async fn run(
     // Input that needs no system access first.
     let plan = plan(&args)?;
     check_system(&plan)?;
-    let stage = |what: &str| {
-        reporter.verbose(&format!(
-            "{:.1} ms: {what}",
-            started.elapsed().as_secs_f64() * 1e3
-        ))
-    };
+    let prepared = prepare(&plan, &args, &reporter, started)?;
+    let run_dir = prepared.run_dir.path.clone();
+    // Handlers go in before anything can take long, so that a signal is a
+    // clean end from here on.
+    let signals = Signals::install()?;
+    let armed_events: Vec<Armed> = prepared.triggers.iter().map(|t| t.armed.clone()).collect();
+    let (events_tx, events) = unbounded_channel();
+    let (handle, _run_dir_guard) =
+        start_driver(&plan, &args, prepared, &reporter, started, events_tx)?;
+    let (outcome, armed) = wait(&handle, events, signals, args.duration).await?;
+    handle.join();
+    let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
+    if let Some(kept) = symcache::finish(wrote) {
+        log_symcache(&reporter, &kept);
+    }
+    let code = summarise(&reporter, &plan, outcome, armed, &run_dir, started);
+    crate::report::record_triggers(&run_dir, &armed_events, &reporter);
+    if args.report {
+        crate::report::after_run(
+            &run_dir,
+            plan.settings.perf.as_deref(),
+            &reporter,
+            args.json,
+        );
+    }
+    Ok(code)
+}
+
+/// A run made ready: triggers resolved, output created, programs loading.
+struct Prepared {
+    perf_path: PathBuf,
+    event: String,
+    recording: Recording,
+    unwinding: unwind::Unwinding,
+    /// Kept until the run ends: tidied away on drop if nothing was written.
+    run_dir: OutputDir,
+    loader: JoinHandle<Result<Probes, Failure>>,
+    triggers: Vec<TriggerSetup>,
+}
+
+/// Finds perf, resolves every trigger, chooses the unwinding, creates the
+/// output directory and starts loading the eBPF programs.
+fn prepare(
+    plan: &Plan,
+    args: &RunArgs,
+    reporter: &Arc<Reporter>,
+    started: Instant,
+) -> anyhow::Result<Prepared> {
     let perf_path = perf::find_perf(plan.settings.perf.as_deref())?;
     // `perf version` (~30 ms: perf's own start-up) runs while the triggers
     // are resolved and perf record starts; the loader thread joins it, so a
@@ -63,9 +105,9 @@ pub async fn run(
         std::thread::spawn(move || perf::perf_version(&p))
     };
     // Resolve every trigger before creating anything.
-    let resolved = resolve_all(&plan, &reporter)?;
+    let resolved = resolve_all(plan, reporter)?;
     let unwinding = decide_unwinding(
-        &args,
+        args,
         &plan.settings,
         resolved.iter().map(|r| (&r.res, &r.watch)),
     )?;
@@ -78,8 +120,11 @@ pub async fn run(
     // tidied away on drop if nothing is written into it.
     let run_dir = OutputDir::prepare(&plan.output_dir(&index::local_timestamp()))?;
     symcache::init(&run_dir.path, reporter.clone());
-    stage("triggers resolved, output ready");
-    let loader = spawn_loader(&plan, &args, &resolved, version)?;
+    reporter.verbose(&format!(
+        "{:.1} ms: triggers resolved, output ready",
+        started.elapsed().as_secs_f64() * 1e3
+    ));
+    let loader = spawn_loader(plan, args, &resolved, version)?;
     let event = plan
         .settings
         .event
@@ -91,34 +136,50 @@ pub async fn run(
         recording,
         unwinding: &unwinding,
     };
-    let triggers = trigger_setups(&plan, resolved, &run_dir.path, &shown);
+    let triggers = trigger_setups(plan, resolved, &run_dir.path, &shown);
+    Ok(Prepared {
+        perf_path,
+        event,
+        recording,
+        unwinding,
+        run_dir,
+        loader,
+        triggers,
+    })
+}
 
-    // Handlers go in before anything can take long, so that a signal is a
-    // clean end from here on.
-    let signals = Signals::install()?;
-    let armed_events: Vec<Armed> = triggers.iter().map(|t| t.armed.clone()).collect();
-    let (events_tx, events) = unbounded_channel();
+/// Starts the driver thread on a prepared run; hands back the output
+/// directory's guard, which the run keeps until it ends.
+fn start_driver(
+    plan: &Plan,
+    args: &RunArgs,
+    p: Prepared,
+    reporter: &Arc<Reporter>,
+    started: Instant,
+    events_tx: tokio::sync::mpsc::UnboundedSender<Event>,
+) -> anyhow::Result<(Handle, OutputDir)> {
     let perf = PerfSpec {
-        perf: perf_path,
+        perf: p.perf_path,
         pid: 0,
         output: PathBuf::new(),
-        event: event.clone(),
+        event: p.event,
         freq: plan.settings.freq,
         keep: plan.settings.keep,
         bpf_events: args.perf_bpf_events,
-        call_graph: unwinding.perf_args(),
-        recording,
+        call_graph: p.unwinding.perf_args(),
+        recording: p.recording,
         extra: plan.settings.perf_args.clone(),
     };
+    let keeper = plan
+        .settings
+        .max_disk
+        .map(|b| Arc::new(Mutex::new(Keeper::new(b, &p.run_dir.path))));
     let handle = driver::spawn(
         Setup {
-            triggers,
-            loader: Some(loader),
+            triggers: p.triggers,
+            loader: Some(p.loader),
             perf,
-            keeper: plan
-                .settings
-                .max_disk
-                .map(|b| Arc::new(Mutex::new(Keeper::new(b, &run_dir.path)))),
+            keeper,
             max_targets: plan.settings.max_targets as usize,
             agent_started: started,
             reporter: reporter.clone(),
@@ -129,23 +190,7 @@ pub async fn run(
         },
         events_tx,
     )?;
-    let (outcome, armed) = wait(&handle, events, signals, args.duration).await?;
-    handle.join();
-    let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
-    if let Some(kept) = symcache::finish(wrote) {
-        log_symcache(&reporter, &kept);
-    }
-    let code = summarise(&reporter, &plan, outcome, armed, &run_dir.path, started);
-    crate::report::record_triggers(&run_dir.path, &armed_events, &reporter);
-    if args.report {
-        crate::report::after_run(
-            &run_dir.path,
-            plan.settings.perf.as_deref(),
-            &reporter,
-            args.json,
-        );
-    }
-    Ok(code)
+    Ok((handle, p.run_dir))
 }
 
 /// What every trigger's `armed` event shows of the run's settings.
