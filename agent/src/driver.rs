@@ -112,7 +112,7 @@ pub struct Setup {
     pub rt_priority: Option<i32>,
     pub reader_delay: Option<Duration>,
     /// `--max-disk`, shared by every recorder.
-    pub keeper: Option<Arc<Mutex<crate::budget::Keeper>>>,
+    pub keeper: Option<Arc<Mutex<crate::disk_budget::Keeper>>>,
 }
 
 /// The main thread's handle on the driver.

@@ -27,7 +27,6 @@
 //! * [`unwind`]: frame pointers or DWARF: how perf unwinds stacks.
 //! * [`report`]: `mt-agent report`, a run's moments as flame graphs.
 
-mod budget;
 mod caps;
 mod check;
 mod cli;
@@ -35,6 +34,7 @@ mod clock;
 mod conditions;
 mod config;
 mod counters;
+mod disk_budget;
 mod driver;
 mod end;
 mod error;

@@ -10,13 +10,13 @@ use std::{
 use agent_common::DEFAULT_RING_BYTES;
 
 use crate::{
-    budget::{BudgetScope, DiskBudget},
     cli::{
         DEFAULT_COOLDOWN, RunArgs, TriggerOptions, check_perf_args, parse_duration, parse_rate,
         parse_size,
     },
     conditions::{Filters, trigger_config},
     config,
+    disk_budget::{BudgetScope, DiskBudget},
     error::Failure,
     perf::{Recording, ring_pages},
     symbols::Query,

@@ -21,9 +21,9 @@ use std::{
 use nix::sys::signal::Signal;
 
 use crate::{
-    budget::Keeper,
     clock::Now,
     counters::Counters,
+    disk_budget::Keeper,
     end::{RecorderFacts, recorder_end},
     error::Failure,
     index::{Index, OutputDir},

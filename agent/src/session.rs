@@ -22,10 +22,10 @@ use tokio::{
 };
 
 use crate::{
-    budget::Keeper,
     caps, check,
     cli::RunArgs,
     conditions::trigger_config,
+    disk_budget::Keeper,
     driver::{self, Command, Event, Handle, Setup, TriggerSetup, Watch},
     error::{ExitCode, Failure},
     index::{self, OutputDir},
