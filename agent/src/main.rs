@@ -17,6 +17,7 @@
 //! * [`check`]: `mt-agent check`, the preflight;
 //! * [`list`]: `mt-agent symbols`.
 
+mod budget;
 mod caps;
 mod check;
 mod cli;
@@ -30,6 +31,7 @@ mod output;
 mod perf;
 mod probe;
 mod recorder;
+mod safe_open;
 mod session;
 mod symbols;
 mod target;

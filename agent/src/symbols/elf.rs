@@ -1,13 +1,11 @@
 //! Reading one ELF object: its symbol tables, LOAD segments, build-id and
-//! debug link. Uses the `object` crate; files are memory-mapped.
+//! debug link. Uses the `object` crate. Files are opened through
+//! [`crate::safe_open`] (inside the target's root, regular files only) and
+//! read into memory within the size budget of [`crate::budget`].
 
-use std::{
-    fs::File,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, bail};
-use memmap2::Mmap;
+use anyhow::bail;
 use object::{
     Endianness, Object as _,
     elf::{self, PT_LOAD},
@@ -89,30 +87,48 @@ pub fn offset_to_vaddr(segments: &[Segment], offset: u64) -> Option<u64> {
         .map(|s| offset - s.offset + s.vaddr)
 }
 
-/// A memory-mapped ELF file.
+/// An ELF file, read into memory.
 pub struct ElfObject {
     pub path: PathBuf,
-    data: Mmap,
+    data: Vec<u8>,
 }
 
 impl ElfObject {
-    /// Maps and checks the file: a 64-bit little-endian ELF.
+    /// Opens, reads and checks the file: a 64-bit ELF. `path` is named as
+    /// [`crate::safe_open::open_labelled`] takes it. A file that is refused
+    /// (not a regular file, outside the target's root, over the size
+    /// budget) is an error whose reason is also logged at `-v`.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
-        // SAFETY: the mapping is read-only; if the file changes underneath,
-        // we may read inconsistent bytes, which parsing tolerates.
-        let data =
-            unsafe { Mmap::map(&file) }.with_context(|| format!("mmap {}", path.display()))?;
-        let this = Self {
-            path: path.to_path_buf(),
-            data,
+        if crate::budget::over(path) {
+            bail!(
+                "{}: symbol resolution is past its time budget",
+                path.display()
+            );
+        }
+        let data = match read_elf_file(path) {
+            Ok(data) => data,
+            Err(e @ crate::safe_open::Refused::Unusable(_)) => {
+                log::debug!("skipping {}: {e}", path.display());
+                bail!("{}: {e}", path.display());
+            }
+            Err(e) => {
+                log::info!("skipping {}: {e}", path.display());
+                bail!("{}: {e}", path.display());
+            }
         };
+        Self::from_bytes(path.to_path_buf(), data)
+    }
+
+    /// Checks `data`: a 64-bit ELF. For files already read, and the fuzz
+    /// harness.
+    pub fn from_bytes(path: PathBuf, data: Vec<u8>) -> anyhow::Result<Self> {
+        let this = Self { path, data };
         this.elf()?;
         Ok(this)
     }
 
     fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness>> {
-        match ElfFile64::<Endianness>::parse(&*self.data) {
+        match ElfFile64::<Endianness>::parse(self.data.as_slice()) {
             Ok(f) => Ok(f),
             Err(e) => bail!("{} is not a 64-bit ELF object: {e}", self.path.display()),
         }
@@ -186,7 +202,7 @@ impl ElfObject {
         };
         let versions = if dynamic {
             f.elf_section_table()
-                .versions(e, &*self.data)
+                .versions(e, self.data.as_slice())
                 .ok()
                 .flatten()
         } else {
@@ -195,6 +211,9 @@ impl ElfObject {
         let strings = symbols.strings();
         let mut out = Vec::new();
         for (index, sym) in symbols.enumerate() {
+            if index.0 % 4096 == 0 && crate::budget::over(&self.path) {
+                break;
+            }
             if sym.is_undefined(e) {
                 continue;
             }
@@ -228,6 +247,27 @@ impl ElfObject {
         }
         out
     }
+}
+
+/// Reads a file that should be an ELF object: checks the magic first, so
+/// that a large non-ELF mapping (a locale archive, a database) is not read
+/// whole, then reads it within the size budget; a file over the budget is
+/// recorded as skipped, with a warning naming it.
+fn read_elf_file(path: &Path) -> Result<Vec<u8>, crate::safe_open::Refused> {
+    let mut opened = crate::safe_open::open_labelled(path)?;
+    if opened.read_head(4)? != b"\x7fELF" {
+        return Err(crate::safe_open::Refused::Unusable("is not an ELF file"));
+    }
+    opened
+        .read_all(crate::budget::file_bytes())
+        .inspect_err(|e| {
+            if matches!(e, crate::safe_open::Refused::TooLarge { .. }) {
+                crate::budget::skipped(format!(
+                    "{} {e}; skipped (MT_AGENT_MAX_FILE_MIB raises the budget)",
+                    path.display()
+                ));
+            }
+        })
 }
 
 /// Where separate debug info for an object may be, in lookup order: by
@@ -282,9 +322,9 @@ pub fn find_debug_file(
         build_id.as_deref(),
         link.as_ref().map(|(n, _)| n.as_str()),
     );
-    let own = std::fs::metadata(&object.path).ok();
+    let own = crate::safe_open::stat_labelled(&object.path, false).ok();
     for cand in &searched {
-        let Ok(meta) = std::fs::metadata(cand) else {
+        let Ok(meta) = crate::safe_open::stat_labelled(cand, false) else {
             continue;
         };
         if own.as_ref().is_some_and(|o| {

@@ -100,8 +100,11 @@ impl MappedObject {
             if want == self.path {
                 return true;
             }
-            // The same file by inode, through our root or the target's.
-            let same = |p: &Path| fs::metadata(p).is_ok_and(|m| m.ino() == self.inode);
+            // The same file by inode, through our root or the target's
+            // (resolved inside its root).
+            let same = |p: &Path| {
+                crate::safe_open::stat_labelled(p, false).is_ok_and(|m| m.ino() == self.inode)
+            };
             return same(want) || same(&target::in_root(pid, want));
         }
         let name = self.file_name();
@@ -147,8 +150,13 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
     objects
 }
 
+/// Whether `path` (under /proc/PID/root) is the mapped file, reached inside
+/// the target's root without any symlink: then the kernel, which resolves
+/// the same path from the agent's root when the uprobe is attached, reaches
+/// the same file. Otherwise the object is opened and attached through
+/// /proc/PID/map_files.
 fn same_inode(path: &Path, inode: u64) -> bool {
-    fs::metadata(path).is_ok_and(|m| m.ino() == inode)
+    crate::safe_open::stat_labelled(path, true).is_ok_and(|m| m.ino() == inode)
 }
 
 /// Reads the target's maps and returns its mapped objects.

@@ -222,8 +222,33 @@ fn open_views(pid: i32, object: Option<&str>) -> Result<Vec<View>, ResolveError>
     Ok(selected.into_iter().filter_map(View::open).collect())
 }
 
-/// Finds the probe point for `q` in process `pid`.
+/// Finds the probe point for `q` in process `pid`, within the time budget
+/// of [`crate::budget`]; files skipped for their size are named in the
+/// notes (or in the error's detail).
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
+    crate::safe_open::check_kernel().map_err(ResolveError::Other)?;
+    let _budget = crate::budget::start();
+    within_budget(resolve_unbudgeted(pid, q))
+}
+
+/// Turns a resolution that ran past its time budget into that error, and
+/// adds the files skipped for their size to its notes or detail.
+fn within_budget(r: Result<Resolution, ResolveError>) -> Result<Resolution, ResolveError> {
+    if let Some(f) = crate::budget::failure() {
+        return Err(ResolveError::Other(f));
+    }
+    let skipped = crate::budget::skipped_lines();
+    match r {
+        Ok(mut res) => {
+            res.notes.extend(skipped);
+            Ok(res)
+        }
+        Err(ResolveError::NotFound(f)) => Err(ResolveError::NotFound(f.with_detail(skipped))),
+        Err(ResolveError::Other(f)) => Err(ResolveError::Other(f.with_detail(skipped))),
+    }
+}
+
+fn resolve_unbudgeted(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     let views = open_views(pid, q.object.as_deref())?;
     let (view, function, probe_offset) = match (&q.symbol, q.address) {
         (_, Some(addr)) => {
@@ -256,6 +281,13 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
 /// process (`--exe`): `--object`, if given, must be the path of a library to
 /// probe instead. Errors (exit code 2) as for [`resolve`].
 pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
+    crate::safe_open::check_kernel()?;
+    let _budget = crate::budget::start();
+    within_budget(resolve_file_unbudgeted(path, q).map_err(ResolveError::Other))
+        .map_err(Failure::from)
+}
+
+fn resolve_file_unbudgeted(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
     use std::os::unix::fs::MetadataExt as _;
     if q.address.is_some() {
         return Err(Failure::usage(
@@ -520,6 +552,9 @@ fn matching<'a>(
     query: &'a str,
 ) -> impl Iterator<Item = Candidate<'a>> + 'a {
     syms.iter().filter_map(move |sym| {
+        if crate::budget::over(&view.mapped.open_path) {
+            return None;
+        }
         SymbolName::new(&sym.name)
             .matches(query)
             .map(|how| Candidate { view, sym, how })
@@ -671,6 +706,23 @@ pub struct Listed {
 /// Lists the functions whose raw or demangled name contains `pattern`,
 /// across the target's mapped objects (or the one `object` selects).
 pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec<Listed>, Failure> {
+    crate::safe_open::check_kernel()?;
+    let _budget = crate::budget::start();
+    let rows = list_unbudgeted(pid, pattern, object)?;
+    if let Some(f) = crate::budget::failure() {
+        return Err(f);
+    }
+    for line in crate::budget::skipped_lines() {
+        eprintln!("mt-agent: warning: {line}");
+    }
+    Ok(rows)
+}
+
+fn list_unbudgeted(
+    pid: i32,
+    pattern: Option<&str>,
+    object: Option<&str>,
+) -> Result<Vec<Listed>, Failure> {
     let views = open_views(pid, object).map_err(Failure::from)?;
     let mut out = Vec::new();
     for v in &views {
@@ -686,6 +738,9 @@ pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec
                 .iter()
                 .filter(|s| s.kind == SymKind::Func && s.size > 0)
             {
+                if crate::budget::over(&v.mapped.open_path) {
+                    break;
+                }
                 let n = SymbolName::new(&s.name);
                 if let Some(p) = pattern
                     && !s.name.contains(p)
