@@ -410,6 +410,8 @@ pub async fn run(
             _ = sigint.recv() => handle.send(Command::Stop(EndReason::Signal("SIGINT"))),
             _ = sigterm.recv() => handle.send(Command::Stop(EndReason::Signal("SIGTERM"))),
             _ = sighup.recv() => handle.send(Command::Stop(EndReason::Signal("SIGHUP"))),
+            // stdout's reader went away (`| head`): a clean end, as for SIGTERM.
+            _ = reporter.stdout_closed() => handle.send(Command::Stop(EndReason::Signal("SIGPIPE"))),
             _ = sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 deadline = None;
                 handle.send(Command::Stop(EndReason::Duration));
