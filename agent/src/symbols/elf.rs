@@ -74,8 +74,17 @@ pub struct Segment {
 pub fn vaddr_to_offset(segments: &[Segment], vaddr: u64) -> Option<u64> {
     segments
         .iter()
-        .find(|s| vaddr >= s.vaddr && vaddr < s.vaddr + s.filesz)
-        .map(|s| vaddr - s.vaddr + s.offset)
+        .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+        .and_then(|s| (vaddr - s.vaddr).checked_add(s.offset))
+}
+
+/// `size` cut to what the LOAD segment holding `vaddr` has from there on:
+/// a symbol of a malformed file may claim more (up to 2^64 - 1).
+pub fn size_in_segment(segments: &[Segment], vaddr: u64, size: u64) -> u64 {
+    segments
+        .iter()
+        .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+        .map_or(0, |s| size.min(s.filesz - (vaddr - s.vaddr)))
 }
 
 /// Converts a file offset to an ELF virtual address (the inverse of
@@ -83,8 +92,8 @@ pub fn vaddr_to_offset(segments: &[Segment], vaddr: u64) -> Option<u64> {
 pub fn offset_to_vaddr(segments: &[Segment], offset: u64) -> Option<u64> {
     segments
         .iter()
-        .find(|s| offset >= s.offset && offset < s.offset + s.filesz)
-        .map(|s| offset - s.offset + s.vaddr)
+        .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
+        .and_then(|s| (offset - s.offset).checked_add(s.vaddr))
 }
 
 /// An ELF file, read into memory.
@@ -139,7 +148,9 @@ impl ElfObject {
         &self.data
     }
 
-    /// PT_LOAD segments.
+    /// PT_LOAD segments. Segments whose end does not fit in 64 bits (a
+    /// malformed file) are left out, so that any address or offset inside a
+    /// segment plus a size cut by [`size_in_segment`] cannot overflow.
     pub fn segments(&self) -> Vec<Segment> {
         let Ok(f) = self.elf() else { return Vec::new() };
         let e = f.endian();
@@ -151,6 +162,9 @@ impl ElfObject {
                 offset: p.p_offset(e),
                 filesz: p.p_filesz(e),
                 executable: p.p_flags(e) & elf::PF_X != 0,
+            })
+            .filter(|s| {
+                s.vaddr.checked_add(s.filesz).is_some() && s.offset.checked_add(s.filesz).is_some()
             })
             .collect()
     }

@@ -16,6 +16,8 @@
 //!   symbol, not from section headers.
 
 pub mod elf;
+#[cfg(test)]
+mod fuzz;
 pub mod insn;
 pub mod maps;
 pub mod names;
@@ -157,7 +159,7 @@ impl View {
             name: s.name.clone(),
             demangled: SymbolName::new(&s.name).demangled,
             elf_address: s.value,
-            size: s.size,
+            size: elf::size_in_segment(&self.segments, s.value, s.size),
             file_offset,
             table: s.table.label(),
         })
@@ -676,7 +678,7 @@ fn by_address(pid: i32, views: &[View], addr: u64) -> Result<(&View, Function, u
     let vaddr = elf::offset_to_vaddr(&v.segments, file_offset).unwrap_or(u64::MAX);
     for table in v.tables(pid) {
         if let Some(s) = table.iter().find(|s| {
-            s.kind == SymKind::Func && s.size > 0 && vaddr >= s.value && vaddr < s.value + s.size
+            s.kind == SymKind::Func && s.size > 0 && vaddr >= s.value && vaddr - s.value < s.size
         }) && let Some(f) = v.function(s)
         {
             return Ok((v, f, vaddr - s.value));

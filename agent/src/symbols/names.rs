@@ -140,8 +140,11 @@ fn demangle_forms(raw: &str) -> (Option<String>, Vec<String>) {
         }
         return (Some(without_hash), aliases);
     }
-    if let Ok(sym) = cpp_demangle::Symbol::new(raw) {
-        let full = sym.to_string();
+    if let Ok(sym) = cpp_demangle::Symbol::new(raw)
+        // Not `to_string()`: formatting a deeply nested name fails (the
+        // demangler's recursion limit), and `to_string` panics on that.
+        && let Ok(full) = sym.demangle(&DemangleOptions::new())
+    {
         let mut aliases = Vec::new();
         if let Ok(short) = sym.demangle(&DemangleOptions::new().no_params().no_return_type())
             && short != full
