@@ -22,6 +22,7 @@ const E2E: &[&str] = &[
     "conditions",
     "faults",
     "fleet",
+    "hostile",
     "bench",
 ];
 

@@ -338,8 +338,12 @@ pub fn find_debug_file(
     );
     let own = crate::safe_open::stat_labelled(&object.path, false).ok();
     for cand in &searched {
-        let Ok(meta) = crate::safe_open::stat_labelled(cand, false) else {
-            continue;
+        let meta = match crate::safe_open::stat_labelled(cand, false) {
+            Ok(meta) => meta,
+            Err(e) => {
+                log::debug!("skipping {}: {e}", cand.display());
+                continue;
+            }
         };
         if own.as_ref().is_some_and(|o| {
             use std::os::unix::fs::MetadataExt as _;

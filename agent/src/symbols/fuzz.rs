@@ -582,6 +582,9 @@ pub fn mutate(rng: &mut Rng, input: &[u8], fields: &[Field], donor: &[u8]) -> Ve
         if v.is_empty() {
             v.extend_from_slice(&donor[..donor.len().min(64)]);
         }
+        if v.is_empty() {
+            v.push(0x7f);
+        }
         match rng.below(7) {
             0 => {
                 let i = rng.below(v.len());
