@@ -631,7 +631,14 @@ pub struct Findings {
     /// One line per distinct panic (message and location), with the file
     /// the input was saved to.
     pub panics: Vec<String>,
+    /// The slowest input: how long it took, and where it was saved when it
+    /// took longer than [`SLOW`].
+    pub slowest: (Duration, Option<PathBuf>),
 }
+
+/// An input slower than this is saved as a finding (the agent reads every
+/// mapped object; one file must not take seconds).
+pub const SLOW: Duration = Duration::from_secs(2);
 
 thread_local! {
     /// Inside [`catch`] on this thread, and the last panic it saw.
@@ -685,7 +692,19 @@ pub fn mutation_loop(seed: u64, budget: Duration, crash_dir: &Path) -> Findings 
         let donor = &corpus[rng.below(corpus.len())];
         let m = mutate(&mut rng, input, &s.fields, donor);
         found.iterations += 1;
-        if let Some(p) = catch(|| exercise(&m, &path)) {
+        let t0 = Instant::now();
+        let panicked = catch(|| exercise(&m, &path));
+        let took = t0.elapsed();
+        if took > found.slowest.0 {
+            found.slowest = (took, None);
+            if took > SLOW {
+                std::fs::create_dir_all(crash_dir).unwrap();
+                let file = crash_dir.join("slowest.elf");
+                std::fs::write(&file, &m).unwrap();
+                found.slowest.1 = Some(file);
+            }
+        }
+        if let Some(p) = panicked {
             let site = p.split(": ").next().unwrap_or_default().to_string();
             if !found.panics.iter().any(|q| q.starts_with(&site)) {
                 std::fs::create_dir_all(crash_dir).unwrap();
@@ -791,13 +810,20 @@ mod tests {
         );
         let f = mutation_loop(seed, Duration::from_secs(secs), &crash_dir);
         println!(
-            "fuzz: seed {seed}, {secs} s, {} inputs, {} distinct panic(s)",
+            "fuzz: seed {seed}, {secs} s, {} inputs, {} distinct panic(s), slowest input {:?}{}",
             f.iterations,
-            f.panics.len()
+            f.panics.len(),
+            f.slowest.0,
+            f.slowest
+                .1
+                .as_ref()
+                .map(|p| format!(" (saved: {})", p.display()))
+                .unwrap_or_default()
         );
         for p in &f.panics {
             println!("  {p}");
         }
         assert!(f.panics.is_empty());
+        assert!(f.slowest.1.is_none(), "an input took over {SLOW:?}");
     }
 }
