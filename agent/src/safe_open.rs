@@ -188,7 +188,7 @@ impl Dir {
     /// it for reading (an `O_PATH` fd): a FIFO or device is not opened.
     pub fn stat(&self, rel: &Path, scope: Scope) -> Result<std::fs::Metadata, Refused> {
         let fd = path_fd(self.fd.as_fd(), rel, scope)?;
-        Ok(File::from(fd).metadata().map_err(Refused::Io)?)
+        File::from(fd).metadata().map_err(Refused::Io)
     }
 }
 

@@ -268,6 +268,48 @@ fn a_symlink_to_a_device_is_skipped() {
     assert!(line.contains("is a character device"), "{line}");
 }
 
+#[test]
+fn a_2_gib_debug_file_is_skipped_by_the_size_budget() {
+    let c = Container::new();
+    // The real debug file, grown to 2 GiB (sparse: no disk used).
+    fs::copy(c.host_debug(), c.debug_path()).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(c.debug_path())
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let (_t, pid) = c.start(&["wait"]);
+    let (run, _) = agent(pid, &[]);
+    assert_not_found(&run, &c);
+    // One line, naming the file, the size and the budget.
+    let line = run
+        .stderr
+        .iter()
+        .find(|l| l.contains("size budget"))
+        .unwrap_or_else(|| panic!("no size-budget line\n{}", run.output()));
+    assert!(line.contains(&c.debug_rel()), "{line}");
+    assert!(
+        line.contains("is 2048 MiB, over the 256 MiB size budget; skipped"),
+        "{line}"
+    );
+}
+
+#[test]
+fn past_the_time_budget_resolution_stops_with_one_line() {
+    let c = Container::new();
+    let (_t, pid) = c.start(&["wait"]);
+    let pid_s = pid.to_string();
+    let run = Agent::start_with(&["--pid", &pid_s, "--symbol", "trigger"], |cmd| {
+        cmd.env("MT_AGENT_SYMBOLS_SECONDS", "0");
+    })
+    .finish(RUN_LIMIT);
+    assert_eq!(run.code, Some(4), "{}", run.output());
+    assert_eq!(run.stderr.len(), 1, "{}", run.output());
+    let want = format!("symbol resolution passed its 0 s time budget while reading /proc/{pid}/");
+    stderr_has(&run, &want);
+}
+
 /// `mt-agent symbols` on a process with libc mapped: more than a pipe's
 /// 64 KiB of output, so a reader that stops early makes it meet EPIPE.
 fn symbols_cmd(pid: i32) -> Command {

@@ -673,7 +673,7 @@ pub fn catch(f: impl FnOnce()) -> Option<String> {
     });
     CATCHING.with(|c| *c.borrow_mut() = (true, None));
     let r = panic::catch_unwind(AssertUnwindSafe(f));
-    let last = CATCHING.with(|c| std::mem::replace(&mut *c.borrow_mut(), (false, None)).1);
+    let last = CATCHING.with(|c| std::mem::take(&mut *c.borrow_mut()).1);
     r.err().map(|_| last.unwrap_or_default())
 }
 
@@ -748,6 +748,22 @@ mod tests {
         );
         let e = super::super::resolve_file(&path, &q("resolver")).unwrap_err();
         assert!(e.message.contains("IFUNC"), "{}", e.message);
+    }
+
+    #[test]
+    fn past_the_time_budget_resolution_fails_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seed.elf");
+        std::fs::write(&path, seed_elf().bytes).unwrap();
+        let _armed = crate::budget::start_with(Duration::ZERO);
+        let q = Query {
+            symbol: Some("main".into()),
+            ..Query::default()
+        };
+        let e = super::super::resolve_file(&path, &q).unwrap_err();
+        assert_eq!(e.code, crate::error::ExitCode::Runtime);
+        let want = format!("time budget while reading {}", path.display());
+        assert!(e.message.contains(&want), "{}", e.message);
     }
 
     #[test]
