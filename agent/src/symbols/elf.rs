@@ -287,7 +287,11 @@ fn read_elf_file(path: &Path) -> Result<Vec<u8>, crate::safe_open::Refused> {
 /// Where separate debug info for an object may be, in lookup order: by
 /// build-id under `/usr/lib/debug/.build-id/`, then by `.gnu_debuglink` next
 /// to the object, in its `.debug/`, and under `/usr/lib/debug/`. Each path is
-/// tried in the target's root first (containers), then in ours.
+/// tried in the target's root first (containers), then, if it is under
+/// `/usr/lib/debug/`, in ours: the host's debug store. Other paths of ours
+/// would be the target's own directories seen from the host, where its
+/// symlinks resolve against the host's root. A debug link that is not a
+/// plain file name (`../x`, `/etc/x`) is ignored: it comes from the target.
 pub fn debug_candidates(
     pid: i32,
     object_path: &Path,
@@ -299,7 +303,8 @@ pub fn debug_candidates(
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         rel.push(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]).into());
     }
-    if let Some(link) = debuglink {
+    let plain = |l: &&str| !l.is_empty() && !l.contains('/') && *l != "." && *l != "..";
+    if let Some(link) = debuglink.filter(plain) {
         let dir = object_path.parent().unwrap_or(Path::new("/"));
         rel.push(dir.join(link));
         rel.push(dir.join(".debug").join(link));
@@ -313,6 +318,9 @@ pub fn debug_candidates(
     for p in rel {
         if pid > 0 {
             out.push(crate::target::in_root(pid, &p));
+            if !p.starts_with("/usr/lib/debug") {
+                continue;
+            }
         }
         out.push(p);
     }
@@ -404,8 +412,21 @@ mod tests {
         let c: Vec<String> = c.iter().map(|p| p.display().to_string()).collect();
         assert_eq!(c[0], "/proc/7/root/usr/lib/debug/.build-id/ab/cdef.debug");
         assert_eq!(c[1], "/usr/lib/debug/.build-id/ab/cdef.debug");
-        assert!(c.contains(&"/usr/bin/.debug/app.debug".to_string()));
+        assert!(c.contains(&"/proc/7/root/usr/bin/.debug/app.debug".to_string()));
         assert!(c.contains(&"/usr/lib/debug/usr/bin/app.debug".to_string()));
+        // The target's directories are not read from the host's root.
+        assert!(!c.contains(&"/usr/bin/.debug/app.debug".to_string()));
+        // Without a target, paths are the host's (--exe).
+        let c = debug_candidates(0, Path::new("/usr/bin/app"), None, Some("app.debug"));
+        assert!(c.contains(&PathBuf::from("/usr/bin/.debug/app.debug")));
+    }
+
+    #[test]
+    fn debug_links_that_are_not_file_names_are_ignored() {
+        for link in ["../../etc/shadow", "/etc/shadow", "..", ".", "a/b", ""] {
+            let c = debug_candidates(7, Path::new("/usr/bin/app"), None, Some(link));
+            assert!(c.is_empty(), "{link}: {c:?}");
+        }
     }
 
     #[test]
