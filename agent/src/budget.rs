@@ -2,13 +2,18 @@
 //! budget per ELF or debug file, and a time budget for one symbol
 //! resolution as a whole (`--symbol`, `--address`, `mt-agent symbols`).
 //!
-//! * Size: 256 MiB per file by default (`MT_AGENT_MAX_FILE_MIB`). Files are
-//!   read into memory rather than mapped, so that a target that truncates
-//!   its file while the agent reads it gives a short read, not a SIGBUS; the
-//!   budget bounds that memory and the time to read it (about 0.1 s from the
-//!   page cache, 1-2 s from a disk at 200 MB/s). It holds libc (2 MiB),
-//!   libstdc++ and most programs with their symbols; larger files (a 2 GiB
-//!   debug file of a browser) are skipped with a warning naming them.
+//! * Size: 1 GiB per file by default (`MT_AGENT_MAX_FILE_MIB`), and as many
+//!   bytes read from it. Files are read on demand with `pread(2)` (headers,
+//!   symbol and string tables, the function's bytes), not mapped, so that a
+//!   target that truncates its file while the agent reads it gives a short
+//!   read, not a SIGBUS. What is read is kept in memory, so the budget on
+//!   bytes read bounds that memory, also for a malformed file whose headers
+//!   make the parser read the same bytes over and over. The file size bounds
+//!   the one whole-file read, the CRC-32 check of a `.gnu_debuglink` debug
+//!   file (about 1 s per GiB from the page cache). 1 GiB holds libc,
+//!   libstdc++, libLLVM (110 MiB) and the debug files of most programs; a
+//!   larger file (the 2 GiB debug file of a browser) is skipped at once
+//!   with a warning naming it.
 //! * Time: 10 s by default (`MT_AGENT_SYMBOLS_SECONDS`). A resolution that
 //!   reads a few hundred thousand symbols takes well under a second here;
 //!   one that has not ended after 10 s is facing something unusual (ten
@@ -28,7 +33,7 @@ use std::{
 use crate::error::Failure;
 
 /// Default size budget per file, MiB.
-pub const DEFAULT_FILE_MIB: u64 = 256;
+pub const DEFAULT_FILE_MIB: u64 = 1024;
 /// Default time budget of one symbol resolution, seconds.
 pub const DEFAULT_SECONDS: u64 = 10;
 

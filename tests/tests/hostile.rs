@@ -290,7 +290,7 @@ fn a_2_gib_debug_file_is_skipped_by_the_size_budget() {
         .unwrap_or_else(|| panic!("no size-budget line\n{}", run.output()));
     assert!(line.contains(&c.debug_rel()), "{line}");
     assert!(
-        line.contains("is 2048 MiB, over the 256 MiB size budget; skipped"),
+        line.contains("is 2048 MiB, over the 1024 MiB size budget; skipped"),
         "{line}"
     );
 }

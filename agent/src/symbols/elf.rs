@@ -3,14 +3,19 @@
 //! [`crate::safe_open`] (inside the target's root, regular files only) and
 //! read into memory within the size budget of [`crate::budget`].
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use anyhow::bail;
 use object::{
-    Endianness, Object as _,
+    Endianness, Object as _, ReadCache, ReadRef as _,
     elf::{self, PT_LOAD},
     read::elf::{ElfFile64, ProgramHeader as _, Sym as _, SymbolTable},
 };
+
+use crate::safe_open::{Budgeted, Source};
 
 /// Which table a symbol came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,14 +101,19 @@ pub fn offset_to_vaddr(segments: &[Segment], offset: u64) -> Option<u64> {
         .and_then(|s| (offset - s.offset).checked_add(s.vaddr))
 }
 
-/// An ELF file, read into memory.
+/// An ELF file, read on demand: only the parts parsing needs (headers,
+/// symbol and string tables, notes, function bodies) are read, with
+/// `pread(2)`, and kept. Reading, not mapping, means a target that truncates
+/// its file while the agent reads it gives a short read, not a SIGBUS.
 pub struct ElfObject {
     pub path: PathBuf,
-    data: Vec<u8>,
+    cache: ReadCache<Budgeted>,
+    source: Arc<Source>,
+    len: u64,
 }
 
 impl ElfObject {
-    /// Opens, reads and checks the file: a 64-bit ELF. `path` is named as
+    /// Opens and checks the file: a 64-bit ELF. `path` is named as
     /// [`crate::safe_open::open_labelled`] takes it. A file that is refused
     /// (not a regular file, outside the target's root, over the size
     /// budget) is an error whose reason is also logged at `-v`.
@@ -114,8 +124,8 @@ impl ElfObject {
                 path.display()
             );
         }
-        let data = match read_elf_file(path) {
-            Ok(data) => data,
+        let (file, len) = match open_elf_file(path) {
+            Ok(f) => f,
             Err(e @ crate::safe_open::Refused::Unusable(_)) => {
                 log::debug!("skipping {}: {e}", path.display());
                 bail!("{}: {e}", path.display());
@@ -125,27 +135,64 @@ impl ElfObject {
                 bail!("{}: {e}", path.display());
             }
         };
-        Self::from_bytes(path.to_path_buf(), data)
+        Self::from_source(path.to_path_buf(), Source::File(file), len)
     }
 
-    /// Checks `data`: a 64-bit ELF. For files already read, and the fuzz
-    /// harness.
+    /// Checks `data`: a 64-bit ELF. For the fuzz harness and tests.
+    #[cfg(test)]
     pub fn from_bytes(path: PathBuf, data: Vec<u8>) -> anyhow::Result<Self> {
-        let this = Self { path, data };
+        let len = data.len() as u64;
+        Self::from_source(path, Source::Bytes(data), len)
+    }
+
+    fn from_source(path: PathBuf, source: Source, len: u64) -> anyhow::Result<Self> {
+        let source = Arc::new(source);
+        // Parsing reads each part it needs once; the budget on bytes read
+        // stops a malformed file that makes it read far more than its size.
+        let budget = crate::budget::file_bytes();
+        let this = Self {
+            path,
+            cache: ReadCache::new(Budgeted::new(source.clone(), len, budget)),
+            source,
+            len,
+        };
         this.elf()?;
         Ok(this)
     }
 
-    fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness>> {
-        match ElfFile64::<Endianness>::parse(self.data.as_slice()) {
+    fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness, &ReadCache<Budgeted>>> {
+        match ElfFile64::<Endianness, _>::parse(&self.cache) {
             Ok(f) => Ok(f),
             Err(e) => bail!("{} is not a 64-bit ELF object: {e}", self.path.display()),
         }
     }
 
-    /// The file's bytes.
-    pub fn data(&self) -> &[u8] {
-        &self.data
+    /// Up to `size` bytes at file offset `offset` (fewer at the end of the
+    /// file; none if they cannot be read).
+    pub fn read_at(&self, offset: u64, size: u64) -> Vec<u8> {
+        let start = offset.min(self.len);
+        let end = offset.saturating_add(size).min(self.len);
+        (&self.cache)
+            .read_bytes_at(start, end - start)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    /// CRC-32 of the whole file (the `.gnu_debuglink` check), read in 1 MiB
+    /// pieces, not kept.
+    pub fn crc32(&self) -> Option<u32> {
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < self.len {
+            let n = self.source.read_at(&mut buf, at).ok()?;
+            if n == 0 {
+                return None;
+            }
+            h.update(&buf[..n.min((self.len - at) as usize)]);
+            at += n as u64;
+        }
+        Some(h.finalize())
     }
 
     /// PT_LOAD segments. Segments whose end does not fit in 64 bits (a
@@ -209,14 +256,14 @@ impl ElfObject {
     fn symbols_of(&self, dynamic: bool, table: Table) -> Vec<ElfSymbol> {
         let Ok(f) = self.elf() else { return Vec::new() };
         let e = f.endian();
-        let symbols: &SymbolTable<'_, _, &[u8]> = if dynamic {
+        let symbols: &SymbolTable<'_, _, &ReadCache<Budgeted>> = if dynamic {
             f.elf_dynamic_symbol_table()
         } else {
             f.elf_symbol_table()
         };
         let versions = if dynamic {
             f.elf_section_table()
-                .versions(e, self.data.as_slice())
+                .versions(e, &self.cache)
                 .ok()
                 .flatten()
         } else {
@@ -263,25 +310,25 @@ impl ElfObject {
     }
 }
 
-/// Reads a file that should be an ELF object: checks the magic first, so
-/// that a large non-ELF mapping (a locale archive, a database) is not read
-/// whole, then reads it within the size budget; a file over the budget is
-/// recorded as skipped, with a warning naming it.
-fn read_elf_file(path: &Path) -> Result<Vec<u8>, crate::safe_open::Refused> {
+/// Opens a file that should be an ELF object: checks the magic, and the
+/// size budget; a file over the budget is recorded as skipped, with a
+/// warning naming it. Returns the file and its size.
+fn open_elf_file(path: &Path) -> Result<(std::fs::File, u64), crate::safe_open::Refused> {
+    use crate::safe_open::Refused;
     let mut opened = crate::safe_open::open_labelled(path)?;
     if opened.read_head(4)? != b"\x7fELF" {
-        return Err(crate::safe_open::Refused::Unusable("is not an ELF file"));
+        return Err(Refused::Unusable("is not an ELF file"));
     }
-    opened
-        .read_all(crate::budget::file_bytes())
-        .inspect_err(|e| {
-            if matches!(e, crate::safe_open::Refused::TooLarge { .. }) {
-                crate::budget::skipped(format!(
-                    "{} {e}; skipped (MT_AGENT_MAX_FILE_MIB raises the budget)",
-                    path.display()
-                ));
-            }
-        })
+    let (size, budget) = (opened.meta.len(), crate::budget::file_bytes());
+    if size > budget {
+        let e = Refused::TooLarge { size, budget };
+        crate::budget::skipped(format!(
+            "{} {e}; skipped (MT_AGENT_MAX_FILE_MIB raises the budget)",
+            path.display()
+        ));
+        return Err(e);
+    }
+    Ok((opened.file, size))
 }
 
 /// Where separate debug info for an object may be, in lookup order: by
@@ -366,7 +413,7 @@ pub fn find_debug_file(
             (Some(a), Some(b)) => *a == b,
             _ => link
                 .as_ref()
-                .is_some_and(|(_, crc)| crc32fast::hash(debug.data()) == *crc),
+                .is_some_and(|(_, crc)| debug.crc32() == Some(*crc)),
         };
         if belongs && debug.has_symtab() {
             return (Some(debug), searched);

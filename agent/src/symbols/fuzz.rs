@@ -677,6 +677,47 @@ pub fn catch(f: impl FnOnce()) -> Option<String> {
     r.err().map(|_| last.unwrap_or_default())
 }
 
+/// The watchdog's counter value that stops it.
+const DONE: u64 = u64::MAX;
+
+/// How long one input may take before the run counts it as a hang.
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// A thread that ends the process when the counter it returns stops moving
+/// for [`HANG`]: the input being exercised (written to `input` first) is
+/// copied to `crash_dir/hang.elf`, and the process exits with status 3.
+fn watchdog(input: &Path, crash_dir: &Path) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    use std::sync::{Arc, atomic::AtomicU64, atomic::Ordering};
+    let progress = Arc::new(AtomicU64::new(0));
+    let (p, input, crash_dir) = (
+        progress.clone(),
+        input.to_path_buf(),
+        crash_dir.to_path_buf(),
+    );
+    std::thread::spawn(move || {
+        let mut last = u64::MAX;
+        loop {
+            std::thread::sleep(HANG);
+            let now = p.load(Ordering::Relaxed);
+            if now == DONE {
+                return;
+            }
+            if now == last {
+                let _ = std::fs::create_dir_all(&crash_dir);
+                let saved = crash_dir.join("hang.elf");
+                let _ = std::fs::copy(&input, &saved);
+                println!(
+                    "fuzz: an input took over {HANG:?}: saved {}",
+                    saved.display()
+                );
+                std::process::exit(3);
+            }
+            last = now;
+        }
+    });
+    progress
+}
+
 /// Mutates the corpus for `budget`, from `seed`; saves each input that
 /// panicked (the first per distinct panic) into `crash_dir`.
 pub fn mutation_loop(seed: u64, budget: Duration, crash_dir: &Path) -> Findings {
@@ -687,7 +728,9 @@ pub fn mutation_loop(seed: u64, budget: Duration, crash_dir: &Path) -> Findings 
     let mut rng = Rng::new(seed);
     let mut found = Findings::default();
     let start = Instant::now();
+    let progress = watchdog(&path, crash_dir);
     while start.elapsed() < budget {
+        progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let input = &corpus[rng.below(corpus.len())];
         let donor = &corpus[rng.below(corpus.len())];
         let m = mutate(&mut rng, input, &s.fields, donor);
@@ -716,6 +759,7 @@ pub fn mutation_loop(seed: u64, budget: Duration, crash_dir: &Path) -> Findings 
             }
         }
     }
+    progress.store(DONE, std::sync::atomic::Ordering::Relaxed);
     found
 }
 

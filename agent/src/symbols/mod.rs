@@ -166,10 +166,7 @@ impl View {
     }
 
     fn bytes(&self, f: &Function) -> Vec<u8> {
-        let data = self.elf.data();
-        let start = (f.file_offset as usize).min(data.len());
-        let end = (f.file_offset.saturating_add(f.size) as usize).min(data.len());
-        data[start..end].to_vec()
+        self.elf.read_at(f.file_offset, f.size)
     }
 
     /// Where a file offset of this object is mapped in the target, if it is.
@@ -614,6 +611,9 @@ fn ifunc_candidates(v: &View, name: &str) -> Vec<String> {
 fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     let mut shorts: Vec<String> = Vec::new();
     for v in views {
+        if crate::budget::over(&v.mapped.open_path) {
+            break;
+        }
         for table in v.tables(pid) {
             for s in table
                 .iter()
