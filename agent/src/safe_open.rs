@@ -282,16 +282,21 @@ pub struct Budgeted {
     pos: u64,
     read: u64,
     budget: u64,
+    /// Names the file in the warning given when the budget runs out.
+    label: PathBuf,
+    spent: bool,
 }
 
 impl Budgeted {
-    pub fn new(src: std::sync::Arc<Source>, len: u64, budget: u64) -> Self {
+    pub fn new(src: std::sync::Arc<Source>, len: u64, budget: u64, label: PathBuf) -> Self {
         Self {
             src,
             len,
             pos: 0,
             read: 0,
             budget,
+            label,
+            spent: false,
         }
     }
 }
@@ -301,6 +306,13 @@ impl io::Read for Budgeted {
         let left = self.len.saturating_sub(self.pos);
         let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         if self.read.saturating_add(want as u64) > self.budget {
+            if !std::mem::replace(&mut self.spent, true) {
+                crate::budget::skipped(format!(
+                    "{}: {} read, its read budget; the rest of it is ignored",
+                    self.label.display(),
+                    human_size(self.read)
+                ));
+            }
             return Err(io::Error::other("read budget spent"));
         }
         let n = self.src.read_at(&mut buf[..want], self.pos)?;
@@ -581,7 +593,7 @@ mod tests {
     fn a_budgeted_reader_stops_at_its_budget_and_the_length_seen() {
         use std::io::{Read as _, Seek as _, SeekFrom};
         let src = std::sync::Arc::new(Source::Bytes(b"0123456789".to_vec()));
-        let mut r = Budgeted::new(src.clone(), 8, 12);
+        let mut r = Budgeted::new(src.clone(), 8, 12, PathBuf::from("x"));
         let mut buf = [0u8; 16];
         assert_eq!(r.read(&mut buf).unwrap(), 8, "stops at the length seen");
         assert_eq!(r.seek(SeekFrom::End(-2)).unwrap(), 6);

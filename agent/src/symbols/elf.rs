@@ -147,12 +147,19 @@ impl ElfObject {
 
     fn from_source(path: PathBuf, source: Source, len: u64) -> anyhow::Result<Self> {
         let source = Arc::new(source);
-        // Parsing reads each part it needs once; the budget on bytes read
-        // stops a malformed file that makes it read far more than its size.
-        let budget = crate::budget::file_bytes();
+        // What is read is kept. Parsing a well-formed file reads less than
+        // its size plus up to 256 bytes per symbol name; a malformed one
+        // (thousands of sections over the same bytes) may ask for far more,
+        // so reading stops at 8 times the size (at least 64 MiB, at most the
+        // size budget).
+        let budget = len
+            .saturating_mul(8)
+            .max(64 << 20)
+            .min(crate::budget::file_bytes());
+        let reader = Budgeted::new(source.clone(), len, budget, path.clone());
         let this = Self {
             path,
-            cache: ReadCache::new(Budgeted::new(source.clone(), len, budget)),
+            cache: ReadCache::new(reader),
             source,
             len,
         };

@@ -810,6 +810,64 @@ mod tests {
         assert!(e.message.contains(&want), "{}", e.message);
     }
 
+    /// 60,000 NOTE sections over 2,000 valid notes (none a build-id), each
+    /// section a different run of them: parsing would read and keep about
+    /// 1 GB from a 4 MB file; the read budget stops it.
+    fn note_storm() -> Vec<u8> {
+        let mut v = seed_elf().bytes;
+        let notes = v.len() as u64;
+        for _ in 0..2000 {
+            // namesz 4, descsz 16, NT_GNU_ABI_TAG, "GNU\0", 16 bytes.
+            for x in [4u32, 16, 1] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v.extend_from_slice(b"GNU\0");
+            v.extend_from_slice(&[0; 16]);
+        }
+        let n: u64 = 60_000;
+        let shoff = v.len() as u64;
+        for i in 0..n {
+            // Section 0 holds the count (extended numbering), section 1 is
+            // the section name table, the others are NOTEs.
+            let (ty, off, size) = match i {
+                0 => (0u32, 0, n),
+                1 => (3, 0, 16),
+                _ => (7, notes + 32 * (i % 1000), 32 * (500 + i / 1000)),
+            };
+            let mut h = [0u8; 64];
+            h[4..8].copy_from_slice(&ty.to_le_bytes());
+            h[SH_OFFSET..SH_OFFSET + 8].copy_from_slice(&off.to_le_bytes());
+            h[SH_SIZE..SH_SIZE + 8].copy_from_slice(&size.to_le_bytes());
+            v.extend_from_slice(&h);
+        }
+        set(&mut v, 0x28, shoff, 8);
+        set(&mut v, 0x3c, 0, 2); // e_shnum 0: see section 0
+        set(&mut v, 0x3e, 1, 2); // e_shstrndx
+        v
+    }
+
+    #[test]
+    fn a_note_storm_stops_at_the_read_budget() {
+        let data = note_storm();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("storm.elf");
+        std::fs::write(&path, &data).unwrap();
+        let _armed = crate::budget::start();
+        let started = Instant::now();
+        let o = ElfObject::open(&path).unwrap();
+        assert_eq!(o.build_id(), None);
+        // Loose: the budget (64 MiB here) is read in well under a minute
+        // even on a loaded machine; without it, this reads about 1 GB.
+        assert!(started.elapsed() < Duration::from_secs(60));
+        let lines = crate::budget::skipped_lines();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("its read budget") && l.contains(&path.display().to_string())),
+            "{lines:?}"
+        );
+    }
+
     #[test]
     fn the_malformed_corpus_never_panics() {
         let dir = tempfile::tempdir().unwrap();
