@@ -2,8 +2,8 @@
 //! budget per ELF or debug file, and a time budget for one symbol
 //! resolution as a whole (`--symbol`, `--address`, `mt-agent symbols`).
 //!
-//! * Size: 1 GiB per file by default (`MT_AGENT_MAX_FILE_MIB`), and as many
-//!   bytes read from it. Files are read on demand with `pread(2)` (headers,
+//! * Size: 1 GiB per file by default (`MT_AGENT_MAX_FILE_MIB`); at most 8
+//!   times a file's size is read from it (at least 64 MiB, at most this). Files are read on demand with `pread(2)` (headers,
 //!   symbol and string tables, the function's bytes), not mapped, so that a
 //!   target that truncates its file while the agent reads it gives a short
 //!   read, not a SIGBUS. What is read is kept in memory, so the budget on
