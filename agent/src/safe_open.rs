@@ -38,9 +38,6 @@ pub enum Scope {
     /// `RESOLVE_IN_ROOT`: the directory is the root of the walk. For a
     /// target's `/proc/PID/root`.
     InRoot,
-    /// `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`: as [`Scope::InRoot`], and
-    /// no component may be a symlink.
-    InRootNoSymlinks,
     /// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: stays beneath the directory
     /// and follows no symlink. For an output directory.
     #[allow(dead_code)] // the report command's scope; tested below
@@ -52,9 +49,6 @@ impl Scope {
         let base = ResolveFlag::RESOLVE_NO_MAGICLINKS;
         match self {
             Scope::InRoot => base | ResolveFlag::RESOLVE_IN_ROOT,
-            Scope::InRootNoSymlinks => {
-                base | ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_SYMLINKS
-            }
             Scope::Beneath => {
                 base | ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS
             }
@@ -474,19 +468,10 @@ pub fn open_labelled(path: &Path) -> Result<Opened, Refused> {
 }
 
 /// `fstat` of a file named as for [`open_labelled`], without opening it
-/// for reading. With `no_symlinks`, a path under `/proc/PID/root/` must not
-/// go through any symlink (so that the kernel, resolving the same path
-/// from the agent's root, reaches the same file).
-pub fn stat_labelled(path: &Path, no_symlinks: bool) -> Result<std::fs::Metadata, Refused> {
+/// for reading: a FIFO or device is not opened.
+pub fn stat_labelled(path: &Path) -> Result<std::fs::Metadata, Refused> {
     match classify(path) {
-        Where::InRootOf(pid, rest) => {
-            let scope = if no_symlinks {
-                Scope::InRootNoSymlinks
-            } else {
-                Scope::InRoot
-            };
-            Dir::root_of(pid)?.stat(&rest, scope)
-        }
+        Where::InRootOf(pid, rest) => Dir::root_of(pid)?.stat(&rest, Scope::InRoot),
         Where::ProcLink(p) | Where::Host(p) => std::fs::metadata(p).map_err(Refused::Io),
     }
 }
@@ -529,10 +514,6 @@ mod tests {
         assert!(matches!(
             read(&d, "dotdot", Scope::InRoot),
             Err(Refused::Missing)
-        ));
-        assert!(matches!(
-            read(&d, "abs", Scope::InRootNoSymlinks),
-            Err(Refused::Escapes(Errno::ELOOP))
         ));
     }
 

@@ -398,9 +398,9 @@ pub fn find_debug_file(
         build_id.as_deref(),
         link.as_ref().map(|(n, _)| n.as_str()),
     );
-    let own = crate::safe_open::stat_labelled(&object.path, false).ok();
+    let own = crate::safe_open::stat_labelled(&object.path).ok();
     for cand in &searched {
-        let meta = match crate::safe_open::stat_labelled(cand, false) {
+        let meta = match crate::safe_open::stat_labelled(cand) {
             Ok(meta) => meta,
             Err(e) => {
                 log::debug!("skipping {}: {e}", cand.display());
