@@ -218,29 +218,34 @@ pub fn seed_elf() -> Seed {
     sections(w, note_off, link_off)
 }
 
-/// Writes the symbol tables, versions and section headers.
-fn sections(mut w: Writer, note_off: u64, link_off: u64) -> Seed {
-    // .dynsym (.dynstr, .gnu.version, .gnu.version_d)
+/// Where [`dynamic_tables`] and [`static_tables`] put things: (offset,
+/// size) of each table, by name.
+type Placed = Vec<(&'static str, u64, u64)>;
+
+/// `.dynsym`, `.dynstr`, `.gnu.version` and `.gnu.version_d`.
+fn dynamic_tables(w: &mut Writer, placed: &mut Placed) {
     let mut dynstr = Strtab::default();
-    let dyn_names = ["handle_request", "dyn_only"];
-    let dn: Vec<u64> = dyn_names.iter().map(|n| dynstr.add(n)).collect();
+    let dn: Vec<u64> = ["handle_request", "dyn_only"]
+        .iter()
+        .map(|n| dynstr.add(n))
+        .collect();
     let base_ver = dynstr.add("fuzz.so");
     let v1 = dynstr.add("V1");
     w.align(8);
-    let dynsym_off = w.b.len() as u64;
+    placed.push(("dynsym", w.b.len() as u64, 72));
     w.mark("dynsym");
     w.b.extend_from_slice(&[0; 24]);
-    sym(&mut w, dn[0], 2, 4, TEXT_VADDR + 16, 8);
-    sym(&mut w, dn[1], 2, 4, TEXT_VADDR + 24, 8);
-    let dynstr_off = w.b.len() as u64;
+    sym(w, dn[0], 2, 4, TEXT_VADDR + 16, 8);
+    sym(w, dn[1], 2, 4, TEXT_VADDR + 24, 8);
+    placed.push(("dynstr", w.b.len() as u64, dynstr.0.len() as u64));
     w.b.extend_from_slice(&dynstr.0);
     w.align(2);
-    let versym_off = w.b.len() as u64;
+    placed.push(("versym", w.b.len() as u64, 6));
     for v in [0u64, 2, 1] {
         w.n(v, 2);
     }
     w.align(4);
-    let verdef_off = w.b.len() as u64;
+    placed.push(("verdef", w.b.len() as u64, 56));
     w.mark("verdef");
     for (i, (flags, name)) in [(1u64, base_ver), (0, v1)].into_iter().enumerate() {
         w.n(1, 2); // vd_version
@@ -253,7 +258,10 @@ fn sections(mut w: Writer, note_off: u64, link_off: u64) -> Seed {
         w.n(name, 4); // vda_name
         w.n(0, 4); // vda_next
     }
-    // .symtab and .strtab
+}
+
+/// `.symtab` and `.strtab`.
+fn static_tables(w: &mut Writer, placed: &mut Placed) {
     let mut strtab = Strtab::default();
     let syms = symbols();
     let names: Vec<u64> = syms.iter().map(|s| strtab.add(&s.0)).collect();
@@ -262,60 +270,70 @@ fn sections(mut w: Writer, note_off: u64, link_off: u64) -> Seed {
     w.mark("symtab");
     w.b.extend_from_slice(&[0; 24]);
     for (s, n) in syms.iter().zip(&names) {
-        sym(&mut w, *n, s.3, 4, s.1, s.2);
+        sym(w, *n, s.3, 4, s.1, s.2);
     }
-    let symtab_size = w.b.len() as u64 - symtab_off;
-    let strtab_off = w.b.len() as u64;
+    placed.push(("symtab", symtab_off, w.b.len() as u64 - symtab_off));
+    placed.push(("strtab", w.b.len() as u64, strtab.0.len() as u64));
     w.b.extend_from_slice(&strtab.0);
+}
+
+/// Writes the symbol tables, versions and section headers.
+fn sections(mut w: Writer, note_off: u64, link_off: u64) -> Seed {
+    let mut placed = Placed::new();
+    dynamic_tables(&mut w, &mut placed);
+    static_tables(&mut w, &mut placed);
+    let at = |name: &str| *placed.iter().find(|p| p.0 == name).unwrap();
+    let (dynsym, dynstr, versym, verdef) = (at("dynsym"), at("dynstr"), at("versym"), at("verdef"));
+    let (symtab, strtab) = (at("symtab"), at("strtab"));
     let mut shstr = Strtab::default();
     let n = |s: &mut Strtab, x: &str| s.add(x);
     #[rustfmt::skip]
-    let shdrs: Vec<(&'static str, Shdr)> = vec![
+    let mut shdrs: Vec<(&'static str, Shdr)> = vec![
         ("shdr.null", (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
         ("shdr.note", (n(&mut shstr, ".note.gnu.build-id"), 7, 2, BASE + note_off, note_off, 36, 0, 0, 4, 0)),
         ("shdr.link", (n(&mut shstr, ".gnu_debuglink"), 1, 0, 0, link_off, 16, 0, 0, 4, 0)),
-        ("shdr.dynstr", (n(&mut shstr, ".dynstr"), 3, 2, 0, dynstr_off, dynstr.0.len() as u64, 0, 0, 1, 0)),
+        ("shdr.dynstr", (n(&mut shstr, ".dynstr"), 3, 2, 0, dynstr.1, dynstr.2, 0, 0, 1, 0)),
         ("shdr.text", (n(&mut shstr, ".text"), 1, 6, TEXT_VADDR, TEXT_OFF, 64, 0, 0, 16, 0)),
-        ("shdr.dynsym", (n(&mut shstr, ".dynsym"), 11, 2, 0, dynsym_off, 72, 3, 1, 8, 24)),
-        ("shdr.versym", (n(&mut shstr, ".gnu.version"), 0x6fff_ffff, 2, 0, versym_off, 6, 5, 0, 2, 2)),
-        ("shdr.verdef", (n(&mut shstr, ".gnu.version_d"), 0x6fff_fffd, 2, 0, verdef_off, 56, 3, 2, 4, 0)),
-        ("shdr.symtab", (n(&mut shstr, ".symtab"), 2, 0, 0, symtab_off, symtab_size, 9, 1, 8, 24)),
-        ("shdr.strtab", (n(&mut shstr, ".strtab"), 3, 0, 0, strtab_off, strtab.0.len() as u64, 0, 0, 1, 0)),
-        ("shdr.shstrtab", (n(&mut shstr, ".shstrtab"), 3, 0, 0, 0, 0, 0, 0, 1, 0)),
+        ("shdr.dynsym", (n(&mut shstr, ".dynsym"), 11, 2, 0, dynsym.1, dynsym.2, 3, 1, 8, 24)),
+        ("shdr.versym", (n(&mut shstr, ".gnu.version"), 0x6fff_ffff, 2, 0, versym.1, versym.2, 5, 0, 2, 2)),
+        ("shdr.verdef", (n(&mut shstr, ".gnu.version_d"), 0x6fff_fffd, 2, 0, verdef.1, verdef.2, 3, 2, 4, 0)),
+        ("shdr.symtab", (n(&mut shstr, ".symtab"), 2, 0, 0, symtab.1, symtab.2, 9, 1, 8, 24)),
+        ("shdr.strtab", (n(&mut shstr, ".strtab"), 3, 0, 0, strtab.1, strtab.2, 0, 0, 1, 0)),
     ];
-    let shstr_name = shdrs.last().unwrap().1.0;
+    let name = n(&mut shstr, ".shstrtab");
     let shstrtab_off = w.b.len() as u64;
     w.b.extend_from_slice(&shstr.0);
+    let shstrtab = (
+        name,
+        3,
+        0,
+        0,
+        shstrtab_off,
+        shstr.0.len() as u64,
+        0,
+        0,
+        1,
+        0,
+    );
+    shdrs.push(("shdr.shstrtab", shstrtab));
     w.align(8);
     let shoff = w.b.len() as u64;
     for (mark, s) in &shdrs {
         w.mark(mark);
-        let s = if *mark == "shdr.shstrtab" {
-            (
-                shstr_name,
-                3,
-                0,
-                0,
-                shstrtab_off,
-                shstr.0.len() as u64,
-                0,
-                0,
-                1,
-                0,
-            )
-        } else {
-            *s
-        };
-        w.n(s.0, 4);
-        w.n(u64::from(s.1), 4);
-        w.n(s.2, 8);
-        w.n(s.3, 8);
-        w.n(s.4, 8);
-        w.n(s.5, 8);
-        w.n(u64::from(s.6), 4);
-        w.n(u64::from(s.7), 4);
-        w.n(s.8, 8);
-        w.n(s.9, 8);
+        for (v, width) in [
+            (s.0, 4),
+            (u64::from(s.1), 4),
+            (s.2, 8),
+            (s.3, 8),
+            (s.4, 8),
+            (s.5, 8),
+            (u64::from(s.6), 4),
+            (u64::from(s.7), 4),
+            (s.8, 8),
+            (s.9, 8),
+        ] {
+            w.n(v, width);
+        }
     }
     w.put(0x28, shoff, 8);
     w.put(0x3c, shdrs.len() as u64, 2);
@@ -367,16 +385,35 @@ pub fn hostile_names() -> Vec<String> {
     ]
 }
 
+/// Named variants of the seed.
+struct Cases<'a> {
+    base: &'a [u8],
+    out: Vec<(String, Vec<u8>)>,
+}
+
+impl Cases<'_> {
+    fn add(&mut self, name: &str, f: impl Fn(&mut Vec<u8>)) {
+        let mut v = self.base.to_vec();
+        f(&mut v);
+        self.out.push((name.to_string(), v));
+    }
+}
+
 /// The named malformed cases, from the seed.
 pub fn corpus() -> Vec<(String, Vec<u8>)> {
     let seed = seed_elf();
-    let b = &seed.bytes;
-    let mut out: Vec<(String, Vec<u8>)> = vec![("seed".into(), b.clone())];
-    let mut case = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
-        let mut v = b.clone();
-        f(&mut v);
-        out.push((name.to_string(), v));
+    let mut c = Cases {
+        base: &seed.bytes,
+        out: vec![("seed".into(), seed.bytes.clone())],
     };
+    header_cases(&seed, &mut c);
+    table_cases(&seed, &mut c);
+    c.out
+}
+
+/// Truncations, section and segment counts, segments.
+fn header_cases(seed: &Seed, c: &mut Cases<'_>) {
+    let len = seed.bytes.len();
     for cut in [
         0,
         3,
@@ -388,82 +425,89 @@ pub fn corpus() -> Vec<(String, Vec<u8>)> {
         100,
         0x200,
         0x1010,
-        b.len() - 64,
-        b.len() - 1,
+        len - 64,
+        len - 1,
     ] {
-        case(&format!("truncated at {cut}"), &|v| v.truncate(cut));
+        c.add(&format!("truncated at {cut}"), |v| v.truncate(cut));
     }
     let (shnum, phnum, shoff) = (
         seed.mark("e_shnum"),
         seed.mark("e_phnum"),
         seed.mark("e_shoff"),
     );
-    case("e_shnum 0xffff", &|v| set(v, shnum, 0xffff, 2));
-    case("e_phnum 0xffff", &|v| set(v, phnum, 0xffff, 2));
-    case("e_shoff past the end", &|v| set(v, shoff, u64::MAX - 8, 8));
+    c.add("e_shnum 0xffff", |v| set(v, shnum, 0xffff, 2));
+    c.add("e_phnum 0xffff", |v| set(v, phnum, 0xffff, 2));
+    c.add("e_shoff past the end", |v| set(v, shoff, u64::MAX - 8, 8));
     let s0 = seed.mark("shdr.null");
-    case("extended section count 2^32-1", &|v| {
+    c.add("extended section count 2^32-1", |v| {
         set(v, shnum, 0, 2);
         set(v, s0 + SH_SIZE, 0xffff_ffff, 8);
     });
     let (load0, text) = (seed.mark("phdr.load0"), seed.mark("phdr.text"));
-    case("overlapping LOAD segments", &|v| {
+    c.add("overlapping LOAD segments", |v| {
         // The text segment now covers the headers' addresses too, at
         // another file offset.
         set(v, text + 16, BASE, 8);
         set(v, text + 32, 0x2000, 8);
     });
-    case("LOAD segment wraps the address space", &|v| {
+    c.add("LOAD segment wraps the address space", |v| {
         set(v, load0 + 16, u64::MAX - 0x10, 8);
         set(v, load0 + 32, 0x300, 8);
         set(v, text + 8, u64::MAX - 4, 8);
     });
-    let dynsym = seed.mark("shdr.dynsym");
-    case(".dynsym past the end of the file", &|v| {
-        set(v, dynsym + SH_OFFSET, b.len() as u64 + 0x1000, 8)
+    c.add("build-id note descsz huge", |v| {
+        set(v, 0x204, 0xffff_fff0, 4)
     });
-    case(".dynsym of 2^60 bytes", &|v| {
+}
+
+/// Symbol, string and version tables.
+fn table_cases(seed: &Seed, c: &mut Cases<'_>) {
+    let len = seed.bytes.len() as u64;
+    let get = |v: &[u8], at: usize| u64::from_le_bytes(v[at..at + 8].try_into().unwrap()) as usize;
+    let dynsym = seed.mark("shdr.dynsym");
+    c.add(".dynsym past the end of the file", |v| {
+        set(v, dynsym + SH_OFFSET, len + 0x1000, 8)
+    });
+    c.add(".dynsym of 2^60 bytes", |v| {
         set(v, dynsym + SH_SIZE, 1 << 60, 8)
     });
-    case(".dynsym offset + size overflows", &|v| {
+    c.add(".dynsym offset + size overflows", |v| {
         set(v, dynsym + SH_OFFSET, u64::MAX - 8, 8);
         set(v, dynsym + SH_SIZE, 48, 8);
     });
     let (symtab, strtab) = (seed.mark("shdr.symtab"), seed.mark("shdr.strtab"));
-    case(".symtab links to itself", &|v| {
+    c.add(".symtab links to itself", |v| {
         set(v, symtab + SH_LINK, 8, 4)
     });
-    case(".symtab links past the section table", &|v| {
+    c.add(".symtab links past the section table", |v| {
         set(v, symtab + SH_LINK, 0xffff, 4)
     });
-    case(".strtab empty", &|v| set(v, strtab + SH_SIZE, 0, 8));
-    case(".strtab without a final NUL", &|v| {
-        let off = u64::from_le_bytes(v[strtab + SH_OFFSET..][..8].try_into().unwrap()) as usize;
-        let size = u64::from_le_bytes(v[strtab + SH_SIZE..][..8].try_into().unwrap()) as usize;
+    c.add(".strtab empty", |v| set(v, strtab + SH_SIZE, 0, 8));
+    c.add(".strtab without a final NUL", |v| {
+        let (off, size) = (get(v, strtab + SH_OFFSET), get(v, strtab + SH_SIZE));
         v[off..off + size].fill(b'A');
     });
     let syms = seed.mark("symtab");
-    case("symbols at u64::MAX with size u64::MAX", &|v| {
+    c.add("symbols at u64::MAX with size u64::MAX", |v| {
         for i in 1..=symbols().len() {
             set(v, syms + 24 * i + ST_VALUE, u64::MAX - i as u64, 8);
             set(v, syms + 24 * i + ST_SIZE, u64::MAX, 8);
         }
     });
-    case("symbol sizes past the segment", &|v| {
+    c.add("symbol sizes past the segment", |v| {
         for i in 1..=symbols().len() {
             set(v, syms + 24 * i + ST_SIZE, 1 << 40, 8);
         }
     });
     let (versym, verdef) = (seed.mark("shdr.versym"), seed.mark("verdef"));
-    case("version index out of range", &|v| {
-        let off = u64::from_le_bytes(v[versym + SH_OFFSET..][..8].try_into().unwrap()) as usize;
+    c.add("version index out of range", |v| {
+        let off = get(v, versym + SH_OFFSET);
         set(v, off + 2, 0x7fff, 2);
     });
-    case("verdef chain loops", &|v| set(v, verdef + 16, 0, 4));
-    case("build-id note descsz huge", &|v| {
-        set(v, 0x204, 0xffff_fff0, 4)
+    c.add("verdef chain ends early", |v| set(v, verdef + 16, 0, 4));
+    c.add("verdef aux past the end", |v| {
+        set(v, verdef + 12, 0xffff_fff0, 4)
     });
-    out
 }
 
 /// Queries that walk every path of the resolver.
