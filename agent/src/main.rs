@@ -27,6 +27,7 @@
 //! * [`unwind`]: frame pointers or DWARF: how perf unwinds stacks.
 //! * [`report`]: `mt-agent report`, a run's moments as flame graphs.
 
+mod budget;
 mod caps;
 mod check;
 mod cli;
@@ -48,6 +49,7 @@ mod probe;
 mod recorder;
 mod report;
 mod run;
+mod safe_open;
 mod session;
 mod snapshot;
 mod symbols;
@@ -69,6 +71,12 @@ use crate::{
 fn main() -> std::process::ExitCode {
     let started = Instant::now();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Some(Command::Symbols(_) | Command::Check(_) | Command::Report(_))
+    ) {
+        default_sigpipe();
+    }
     let (json, verbose) = match &cli.command {
         None => (cli.run.json, cli.run.verbose),
         Some(Command::Symbols(a)) => (a.json, false),
@@ -104,6 +112,20 @@ fn main() -> std::process::ExitCode {
         }
     };
     std::process::ExitCode::from(code as u8)
+}
+
+/// Restores SIGPIPE's default action (Rust's runtime ignores it), for the
+/// subcommands that print only after their work is done and have nothing
+/// to clean up: when stdout's reader goes away (`mt-agent symbols | head
+/// -1`), the kernel ends the process quietly, as it does `cat` or `grep`
+/// (the shell shows status 141), instead of `println!` panicking on EPIPE.
+/// The capture run keeps SIGPIPE ignored and treats EPIPE as an end request
+/// (see `output::Reporter`): perf and the probes must be cleaned up.
+fn default_sigpipe() {
+    // SAFETY: called at start-up, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 #[cfg(test)]

@@ -121,6 +121,10 @@ pub struct Reporter {
     json: bool,
     verbose: bool,
     out: Mutex<()>,
+    /// stdout's reader went away (EPIPE): nothing more is written there.
+    stdout_gone: std::sync::atomic::AtomicBool,
+    /// Wakes [`Reporter::stdout_closed`] once, at the first EPIPE.
+    gone: tokio::sync::Notify,
 }
 
 impl Reporter {
@@ -129,14 +133,36 @@ impl Reporter {
             json,
             verbose,
             out: Mutex::new(()),
+            stdout_gone: Default::default(),
+            gone: tokio::sync::Notify::new(),
         }
     }
 
+    /// Writes one line to stdout. When the reader has gone (EPIPE: `| head`),
+    /// stops writing there and wakes [`Reporter::stdout_closed`], which the
+    /// run takes as a request to end cleanly, like SIGTERM. (Rust ignores
+    /// SIGPIPE, so the write fails instead of killing the agent while perf
+    /// and the probes are live.)
     fn print(&self, line: &str) {
+        use std::sync::atomic::Ordering;
         let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stdout_gone.load(Ordering::Relaxed) {
+            return;
+        }
         let mut out = io::stdout().lock();
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
+        let r = writeln!(out, "{line}").and_then(|()| out.flush());
+        if let Err(e) = r
+            && e.kind() == io::ErrorKind::BrokenPipe
+            && !self.stdout_gone.swap(true, Ordering::Relaxed)
+        {
+            // notify_one keeps a permit if nobody waits yet.
+            self.gone.notify_one();
+        }
+    }
+
+    /// Completes once a write to stdout has failed with EPIPE.
+    pub async fn stdout_closed(&self) {
+        self.gone.notified().await;
     }
 
     fn print_json(&self, value: serde_json::Value) {

@@ -57,7 +57,7 @@ pub async fn run(
     let (events_tx, events) = unbounded_channel();
     let (handle, _run_dir_guard) =
         start_driver(&plan, &args, prepared, &reporter, started, events_tx)?;
-    let (outcome, armed) = wait(&handle, events, signals, args.duration).await?;
+    let (outcome, armed) = wait(&handle, events, signals, args.duration, &reporter).await?;
     handle.join();
     let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
     if let Some(kept) = symcache::finish(wrote) {
@@ -426,6 +426,7 @@ async fn wait(
     mut events: UnboundedReceiver<Event>,
     mut signals: Signals,
     duration: Option<Duration>,
+    reporter: &Reporter,
 ) -> anyhow::Result<(Outcome, bool)> {
     let mut deadline: Option<tokio::time::Instant> = None;
     let mut armed = false;
@@ -444,6 +445,8 @@ async fn wait(
             _ = signals.int.recv() => handle.send(Command::Stop(EndReason::Signal("SIGINT"))),
             _ = signals.term.recv() => handle.send(Command::Stop(EndReason::Signal("SIGTERM"))),
             _ = signals.hup.recv() => handle.send(Command::Stop(EndReason::Signal("SIGHUP"))),
+            // stdout's reader went away (`| head`): a clean end, as for SIGTERM.
+            _ = reporter.stdout_closed() => handle.send(Command::Stop(EndReason::Signal("SIGPIPE"))),
             _ = sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 deadline = None;
                 handle.send(Command::Stop(EndReason::Duration));

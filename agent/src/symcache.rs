@@ -293,13 +293,12 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The GNU build-id note of an ELF file, if it has one. Errors only when the
-/// file cannot be mapped; a file that is not ELF has none.
+/// The GNU build-id note of an ELF file, if it has one; a file that is not
+/// ELF has none. Read on demand (`pread`), not mapped: a target that
+/// truncates its file gives a short read, not SIGBUS.
 pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
-    // SAFETY: read-only mapping; a file changed underneath gives bad bytes,
-    // which the parser tolerates.
-    let data = unsafe { memmap2::Mmap::map(file) }?;
-    let Ok(elf) = object::File::parse(&*data) else {
+    let data = object::ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&data) else {
         return Ok(None);
     };
     Ok(elf.build_id().ok().flatten().map(<[u8]>::to_vec))

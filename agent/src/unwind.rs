@@ -172,9 +172,10 @@ fn moves_rsp(insn: &iced_x86::Instruction) -> bool {
 /// spread evenly over the object's functions (`.symtab`, else `.dynsym`).
 pub fn count_frames(path: &Path) -> std::io::Result<FrameCount> {
     let file = File::open(path)?;
-    // SAFETY: read-only mapping; bytes changed underneath only skew the count.
-    let data = unsafe { memmap2::Mmap::map(&file) }?;
-    let elf = object::File::parse(&*data)
+    // Read on demand, not mapped: a file truncated underneath gives a short
+    // read, not SIGBUS.
+    let data = object::ReadCache::new(&file);
+    let elf = object::File::parse(&data)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     let mut funcs: Vec<(u64, u64)> = elf
         .symbols()
@@ -195,10 +196,10 @@ pub fn count_frames(path: &Path) -> std::io::Result<FrameCount> {
     let body = |addr: u64, size: u64| -> Option<&[u8]> {
         let (va, off, len) = segments
             .iter()
-            .find(|(va, _, len)| addr >= *va && addr < va + len)?;
-        let start = (addr - va + off) as usize;
-        let end = start + size.min(va + len - addr) as usize;
-        data.get(start..end)
+            .find(|(va, _, len)| addr >= *va && addr < va.saturating_add(*len))?;
+        let start = (addr - va).checked_add(*off)?;
+        let n = size.min(va + len - addr);
+        object::ReadRef::read_bytes_at(&data, start, n).ok()
     };
     // Every k-th function, then more if too few of those make calls.
     let step = (funcs.len() / (SAMPLE * 2)).max(1);

@@ -5,10 +5,12 @@
 //! * `test [FILTER]`: setup, then every test (end-to-end ones one at a time).
 //! * `dist`: the static musl release tarball, reproducibly.
 //! * `bench [--quick]`: overhead, latency, storm and time to armed, as tables.
+//! * `fuzz [--seconds N] [--seed S]`: malformed ELF files and names, for N seconds.
 
 mod bench;
 mod demo;
 mod dist;
+mod fuzz;
 mod setup;
 mod test;
 mod util;
@@ -48,6 +50,17 @@ enum Task {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Feed the agent's ELF, symbol, demangling and instruction-decoding
+    /// code with mutated malformed ELF files for a while; panics are saved
+    /// under target/fuzz/.
+    Fuzz {
+        /// How long to run, seconds.
+        #[arg(long, default_value_t = 300)]
+        seconds: u64,
+        /// The RNG's seed; the same seed repeats the same inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Run setup, then every test. End-to-end tests run as root (via sudo).
     Test {
         /// Skip setup (it is idempotent, but checks take a few seconds).
@@ -72,6 +85,7 @@ fn main() -> std::process::ExitCode {
             filter,
         } => test::test(&filter, no_setup, skip_release),
         Task::Bench { quick } => bench::bench(quick),
+        Task::Fuzz { seconds, seed } => fuzz::fuzz(seconds, seed),
         Task::Dist { target_dir, out } => {
             dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())
         }

@@ -26,6 +26,7 @@ const E2E: &[&str] = &[
     "recording",
     "unwind",
     "report",
+    "hostile",
     "bench",
 ];
 

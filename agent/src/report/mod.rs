@@ -102,8 +102,17 @@ pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: boo
         Ok(path)
     });
     match written {
-        Ok(path) if json => println!("{}", json!({"event": "report", "path": path})),
-        Ok(path) => println!("report: {}", path.display()),
+        // The run ignores SIGPIPE: a reader that went away is not an error.
+        Ok(path) if json => {
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                json!({"event": "report", "path": path})
+            );
+        }
+        Ok(path) => {
+            let _ = writeln!(std::io::stdout(), "report: {}", path.display());
+        }
         Err(f) => reporter.warning(&format!("no report: {}", f.message)),
     }
 }

@@ -1,18 +1,21 @@
 //! Reading one ELF object: its symbol tables, LOAD segments, build-id and
-//! debug link. Uses the `object` crate; files are memory-mapped.
+//! debug link. Uses the `object` crate. Files are opened through
+//! [`crate::safe_open`] (inside the target's root, regular files only) and
+//! read into memory within the size budget of [`crate::budget`].
 
 use std::{
-    fs::File,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
-use anyhow::{Context as _, bail};
-use memmap2::Mmap;
+use anyhow::bail;
 use object::{
-    Endianness, Object as _,
+    Endianness, Object as _, ReadCache, ReadRef as _,
     elf::{self, PT_LOAD},
     read::elf::{ElfFile64, ProgramHeader as _, Sym as _, SymbolTable},
 };
+
+use crate::safe_open::{Budgeted, Source};
 
 /// Which table a symbol came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,8 +79,17 @@ pub struct Segment {
 pub fn vaddr_to_offset(segments: &[Segment], vaddr: u64) -> Option<u64> {
     segments
         .iter()
-        .find(|s| vaddr >= s.vaddr && vaddr < s.vaddr + s.filesz)
-        .map(|s| vaddr - s.vaddr + s.offset)
+        .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+        .and_then(|s| (vaddr - s.vaddr).checked_add(s.offset))
+}
+
+/// `size` cut to what the LOAD segment holding `vaddr` has from there on:
+/// a symbol of a malformed file may claim more (up to 2^64 - 1).
+pub fn size_in_segment(segments: &[Segment], vaddr: u64, size: u64) -> u64 {
+    segments
+        .iter()
+        .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+        .map_or(0, |s| size.min(s.filesz - (vaddr - s.vaddr)))
 }
 
 /// Converts a file offset to an ELF virtual address (the inverse of
@@ -85,45 +97,114 @@ pub fn vaddr_to_offset(segments: &[Segment], vaddr: u64) -> Option<u64> {
 pub fn offset_to_vaddr(segments: &[Segment], offset: u64) -> Option<u64> {
     segments
         .iter()
-        .find(|s| offset >= s.offset && offset < s.offset + s.filesz)
-        .map(|s| offset - s.offset + s.vaddr)
+        .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
+        .and_then(|s| (offset - s.offset).checked_add(s.vaddr))
 }
 
-/// A memory-mapped ELF file.
+/// An ELF file, read on demand: only the parts parsing needs (headers,
+/// symbol and string tables, notes, function bodies) are read, with
+/// `pread(2)`, and kept. Reading, not mapping, means a target that truncates
+/// its file while the agent reads it gives a short read, not a SIGBUS.
 pub struct ElfObject {
     pub path: PathBuf,
-    data: Mmap,
+    cache: ReadCache<Budgeted>,
+    source: Arc<Source>,
+    len: u64,
 }
 
 impl ElfObject {
-    /// Maps and checks the file: a 64-bit little-endian ELF.
+    /// Opens and checks the file: a 64-bit ELF. `path` is named as
+    /// [`crate::safe_open::open_labelled`] takes it. A file that is refused
+    /// (not a regular file, outside the target's root, over the size
+    /// budget) is an error whose reason is also logged at `-v`.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
-        // SAFETY: the mapping is read-only; if the file changes underneath,
-        // we may read inconsistent bytes, which parsing tolerates.
-        let data =
-            unsafe { Mmap::map(&file) }.with_context(|| format!("mmap {}", path.display()))?;
+        if crate::budget::over(path) {
+            bail!(
+                "{}: symbol resolution is past its time budget",
+                path.display()
+            );
+        }
+        let (file, len) = match open_elf_file(path) {
+            Ok(f) => f,
+            Err(e @ crate::safe_open::Refused::Unusable(_)) => {
+                log::debug!("skipping {}: {e}", path.display());
+                bail!("{}: {e}", path.display());
+            }
+            Err(e) => {
+                log::info!("skipping {}: {e}", path.display());
+                bail!("{}: {e}", path.display());
+            }
+        };
+        Self::from_source(path.to_path_buf(), Source::File(file), len)
+    }
+
+    /// Checks `data`: a 64-bit ELF. For the fuzz harness and tests.
+    #[cfg(test)]
+    pub fn from_bytes(path: PathBuf, data: Vec<u8>) -> anyhow::Result<Self> {
+        let len = data.len() as u64;
+        Self::from_source(path, Source::Bytes(data), len)
+    }
+
+    fn from_source(path: PathBuf, source: Source, len: u64) -> anyhow::Result<Self> {
+        let source = Arc::new(source);
+        // What is read is kept. Parsing a well-formed file reads less than
+        // its size plus up to 256 bytes per symbol name; a malformed one
+        // (thousands of sections over the same bytes) may ask for far more,
+        // so reading stops at 8 times the size (at least 64 MiB, at most the
+        // size budget).
+        let budget = len
+            .saturating_mul(8)
+            .max(64 << 20)
+            .min(crate::budget::file_bytes());
+        let reader = Budgeted::new(source.clone(), len, budget, path.clone());
         let this = Self {
-            path: path.to_path_buf(),
-            data,
+            path,
+            cache: ReadCache::new(reader),
+            source,
+            len,
         };
         this.elf()?;
         Ok(this)
     }
 
-    fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness>> {
-        match ElfFile64::<Endianness>::parse(&*self.data) {
+    fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness, &ReadCache<Budgeted>>> {
+        match ElfFile64::<Endianness, _>::parse(&self.cache) {
             Ok(f) => Ok(f),
             Err(e) => bail!("{} is not a 64-bit ELF object: {e}", self.path.display()),
         }
     }
 
-    /// The file's bytes.
-    pub fn data(&self) -> &[u8] {
-        &self.data
+    /// Up to `size` bytes at file offset `offset` (fewer at the end of the
+    /// file; none if they cannot be read).
+    pub fn read_at(&self, offset: u64, size: u64) -> Vec<u8> {
+        let start = offset.min(self.len);
+        let end = offset.saturating_add(size).min(self.len);
+        (&self.cache)
+            .read_bytes_at(start, end - start)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
     }
 
-    /// PT_LOAD segments.
+    /// CRC-32 of the whole file (the `.gnu_debuglink` check), read in 1 MiB
+    /// pieces, not kept.
+    pub fn crc32(&self) -> Option<u32> {
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < self.len {
+            let n = self.source.read_at(&mut buf, at).ok()?;
+            if n == 0 {
+                return None;
+            }
+            h.update(&buf[..n.min((self.len - at) as usize)]);
+            at += n as u64;
+        }
+        Some(h.finalize())
+    }
+
+    /// PT_LOAD segments. Segments whose end does not fit in 64 bits (a
+    /// malformed file) are left out, so that any address or offset inside a
+    /// segment plus a size cut by [`size_in_segment`] cannot overflow.
     pub fn segments(&self) -> Vec<Segment> {
         let Ok(f) = self.elf() else { return Vec::new() };
         let e = f.endian();
@@ -135,6 +216,9 @@ impl ElfObject {
                 offset: p.p_offset(e),
                 filesz: p.p_filesz(e),
                 executable: p.p_flags(e) & elf::PF_X != 0,
+            })
+            .filter(|s| {
+                s.vaddr.checked_add(s.filesz).is_some() && s.offset.checked_add(s.filesz).is_some()
             })
             .collect()
     }
@@ -190,7 +274,7 @@ impl ElfObject {
         let symbols = f.elf_dynamic_symbol_table();
         let versions = f
             .elf_section_table()
-            .versions(e, &*self.data)
+            .versions(e, &self.cache)
             .ok()
             .flatten();
         let mut out = Vec::new();
@@ -245,14 +329,14 @@ impl ElfObject {
     fn symbols_of(&self, dynamic: bool, table: Table) -> Vec<ElfSymbol> {
         let Ok(f) = self.elf() else { return Vec::new() };
         let e = f.endian();
-        let symbols: &SymbolTable<'_, _, &[u8]> = if dynamic {
+        let symbols: &SymbolTable<'_, _, &ReadCache<Budgeted>> = if dynamic {
             f.elf_dynamic_symbol_table()
         } else {
             f.elf_symbol_table()
         };
         let versions = if dynamic {
             f.elf_section_table()
-                .versions(e, &*self.data)
+                .versions(e, &self.cache)
                 .ok()
                 .flatten()
         } else {
@@ -261,6 +345,9 @@ impl ElfObject {
         let strings = symbols.strings();
         let mut out = Vec::new();
         for (index, sym) in symbols.enumerate() {
+            if index.0 % 4096 == 0 && crate::budget::over(&self.path) {
+                break;
+            }
             if sym.is_undefined(e) {
                 continue;
             }
@@ -296,10 +383,35 @@ impl ElfObject {
     }
 }
 
+/// Opens a file that should be an ELF object: checks the magic, and the
+/// size budget; a file over the budget is recorded as skipped, with a
+/// warning naming it. Returns the file and its size.
+fn open_elf_file(path: &Path) -> Result<(std::fs::File, u64), crate::safe_open::Refused> {
+    use crate::safe_open::Refused;
+    let mut opened = crate::safe_open::open_labelled(path)?;
+    if opened.read_head(4)? != b"\x7fELF" {
+        return Err(Refused::Unusable("is not an ELF file"));
+    }
+    let (size, budget) = (opened.meta.len(), crate::budget::file_bytes());
+    if size > budget {
+        let e = Refused::TooLarge { size, budget };
+        crate::budget::skipped(format!(
+            "{} {e}; skipped (MT_AGENT_MAX_FILE_MIB raises the budget)",
+            path.display()
+        ));
+        return Err(e);
+    }
+    Ok((opened.file, size))
+}
+
 /// Where separate debug info for an object may be, in lookup order: by
 /// build-id under `/usr/lib/debug/.build-id/`, then by `.gnu_debuglink` next
 /// to the object, in its `.debug/`, and under `/usr/lib/debug/`. Each path is
-/// tried in the target's root first (containers), then in ours.
+/// tried in the target's root first (containers), then, if it is under
+/// `/usr/lib/debug/`, in ours: the host's debug store. Other paths of ours
+/// would be the target's own directories seen from the host, where its
+/// symlinks resolve against the host's root. A debug link that is not a
+/// plain file name (`../x`, `/etc/x`) is ignored: it comes from the target.
 pub fn debug_candidates(
     pid: i32,
     object_path: &Path,
@@ -311,7 +423,8 @@ pub fn debug_candidates(
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         rel.push(format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]).into());
     }
-    if let Some(link) = debuglink {
+    let plain = |l: &&str| !l.is_empty() && !l.contains('/') && *l != "." && *l != "..";
+    if let Some(link) = debuglink.filter(plain) {
         let dir = object_path.parent().unwrap_or(Path::new("/"));
         rel.push(dir.join(link));
         rel.push(dir.join(".debug").join(link));
@@ -325,6 +438,9 @@ pub fn debug_candidates(
     for p in rel {
         if pid > 0 {
             out.push(crate::target::in_root(pid, &p));
+            if !p.starts_with("/usr/lib/debug") {
+                continue;
+            }
         }
         out.push(p);
     }
@@ -348,10 +464,14 @@ pub fn find_debug_file(
         build_id.as_deref(),
         link.as_ref().map(|(n, _)| n.as_str()),
     );
-    let own = std::fs::metadata(&object.path).ok();
+    let own = crate::safe_open::stat_labelled(&object.path).ok();
     for cand in &searched {
-        let Ok(meta) = std::fs::metadata(cand) else {
-            continue;
+        let meta = match crate::safe_open::stat_labelled(cand) {
+            Ok(meta) => meta,
+            Err(e) => {
+                log::debug!("skipping {}: {e}", cand.display());
+                continue;
+            }
         };
         if own.as_ref().is_some_and(|o| {
             use std::os::unix::fs::MetadataExt as _;
@@ -366,7 +486,7 @@ pub fn find_debug_file(
             (Some(a), Some(b)) => *a == b,
             _ => link
                 .as_ref()
-                .is_some_and(|(_, crc)| crc32fast::hash(debug.data()) == *crc),
+                .is_some_and(|(_, crc)| debug.crc32() == Some(*crc)),
         };
         if belongs && debug.has_symtab() {
             return (Some(debug), searched);
@@ -412,8 +532,21 @@ mod tests {
         let c: Vec<String> = c.iter().map(|p| p.display().to_string()).collect();
         assert_eq!(c[0], "/proc/7/root/usr/lib/debug/.build-id/ab/cdef.debug");
         assert_eq!(c[1], "/usr/lib/debug/.build-id/ab/cdef.debug");
-        assert!(c.contains(&"/usr/bin/.debug/app.debug".to_string()));
+        assert!(c.contains(&"/proc/7/root/usr/bin/.debug/app.debug".to_string()));
         assert!(c.contains(&"/usr/lib/debug/usr/bin/app.debug".to_string()));
+        // The target's directories are not read from the host's root.
+        assert!(!c.contains(&"/usr/bin/.debug/app.debug".to_string()));
+        // Without a target, paths are the host's (--exe).
+        let c = debug_candidates(0, Path::new("/usr/bin/app"), None, Some("app.debug"));
+        assert!(c.contains(&PathBuf::from("/usr/bin/.debug/app.debug")));
+    }
+
+    #[test]
+    fn debug_links_that_are_not_file_names_are_ignored() {
+        for link in ["../../etc/shadow", "/etc/shadow", "..", ".", "a/b", ""] {
+            let c = debug_candidates(7, Path::new("/usr/bin/app"), None, Some(link));
+            assert!(c.is_empty(), "{link}: {c:?}");
+        }
     }
 
     #[test]

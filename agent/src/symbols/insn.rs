@@ -238,7 +238,7 @@ pub struct Exits {
 /// into any of `parts` (such as the function's `.cold` part, as
 /// `[start, end)` address ranges) are not exits.
 pub fn exits(bytes: &[u8], ip: u64, parts: &[(u64, u64)]) -> Exits {
-    let end = ip + bytes.len() as u64;
+    let end = ip.saturating_add(bytes.len() as u64);
     let inside = |t: u64| (t >= ip && t < end) || parts.iter().any(|&(s, e)| t >= s && t < e);
     let mut out = Exits::default();
     let mut d = decoder(bytes, ip);

@@ -69,8 +69,9 @@ pub struct MappedObject {
     /// Path as the process sees it.
     pub path: PathBuf,
     /// How mt-agent opens it and attaches to it: `/proc/PID/exe` for the
-    /// main executable, `/proc/PID/map_files/START-END` when the file on disk
-    /// was replaced, else `/proc/PID/root/PATH` (which works in containers).
+    /// main executable, else `/proc/PID/map_files/START-END` (the kernel's
+    /// link to the mapped file, which works in containers and for files
+    /// replaced on disk).
     pub open_path: PathBuf,
     /// The mapped file's inode.
     pub inode: u64,
@@ -100,8 +101,10 @@ impl MappedObject {
             if want == self.path {
                 return true;
             }
-            // The same file by inode, through our root or the target's.
-            let same = |p: &Path| fs::metadata(p).is_ok_and(|m| m.ino() == self.inode);
+            // The same file by inode, through our root or the target's
+            // (resolved inside its root).
+            let same =
+                |p: &Path| crate::safe_open::stat_labelled(p).is_ok_and(|m| m.ino() == self.inode);
             return same(want) || same(&target::in_root(pid, want));
         }
         let name = self.file_name();
@@ -125,15 +128,17 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
             continue;
         }
         let is_main = exe_inode == Some(m.inode);
+        // Opened and attached through the kernel's own link to the file the
+        // target runs or maps: never by a path under its root, which the
+        // target could change (a symlink resolves against the agent's root
+        // when the kernel attaches by path) between our check and the attach.
         let open_path = if is_main {
             PathBuf::from(format!("/proc/{pid}/exe"))
-        } else if m.deleted || !same_inode(&target::in_root(pid, &m.path), m.inode) {
-            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
         } else {
-            target::in_root(pid, &m.path)
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
         };
         let deleted =
-            m.deleted || (!is_main && open_path.starts_with(format!("/proc/{pid}/map_files")));
+            m.deleted || (!is_main && !same_inode(&target::in_root(pid, &m.path), m.inode));
         objects.push(MappedObject {
             path: m.path.clone(),
             open_path,
@@ -147,8 +152,10 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
     objects
 }
 
+/// Whether `path` (under /proc/PID/root, resolved inside the target's
+/// root) is still the mapped file, or was replaced on disk.
 fn same_inode(path: &Path, inode: u64) -> bool {
-    fs::metadata(path).is_ok_and(|m| m.ino() == inode)
+    crate::safe_open::stat_labelled(path).is_ok_and(|m| m.ino() == inode)
 }
 
 /// Reads the target's maps and returns its mapped objects.

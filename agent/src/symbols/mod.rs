@@ -22,6 +22,8 @@
 //!   ([`insn::uprobe_refusal`]).
 
 pub mod elf;
+#[cfg(test)]
+mod fuzz;
 mod ifunc;
 pub mod insn;
 pub mod maps;
@@ -165,17 +167,14 @@ impl View {
             name: s.name.clone(),
             demangled: SymbolName::new(&s.name).demangled,
             elf_address: s.value,
-            size: s.size,
+            size: elf::size_in_segment(&self.segments, s.value, s.size),
             file_offset,
             table: s.table.label(),
         })
     }
 
     fn bytes(&self, f: &Function) -> Vec<u8> {
-        let data = self.elf.data();
-        let start = (f.file_offset as usize).min(data.len());
-        let end = (f.file_offset.saturating_add(f.size) as usize).min(data.len());
-        data[start..end].to_vec()
+        self.elf.read_at(f.file_offset, f.size)
     }
 
     /// Where a file offset of this object is mapped in the target, if it is.
@@ -241,9 +240,34 @@ fn check_query(q: &Query) -> Result<(), Failure> {
     }
 }
 
-/// Finds the probe point for `q` in process `pid`.
+/// Finds the probe point for `q` in process `pid`, within the time budget
+/// of [`crate::budget`]; files skipped for their size are named in the
+/// notes (or in the error's detail).
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     check_query(q).map_err(ResolveError::Other)?;
+    crate::safe_open::check_kernel().map_err(ResolveError::Other)?;
+    let _budget = crate::budget::start();
+    within_budget(resolve_unbudgeted(pid, q))
+}
+
+/// Turns a resolution that ran past its time budget into that error, and
+/// adds the files skipped for their size to its notes or detail.
+fn within_budget(r: Result<Resolution, ResolveError>) -> Result<Resolution, ResolveError> {
+    if let Some(f) = crate::budget::failure() {
+        return Err(ResolveError::Other(f));
+    }
+    let skipped = crate::budget::skipped_lines();
+    match r {
+        Ok(mut res) => {
+            res.notes.extend(skipped);
+            Ok(res)
+        }
+        Err(ResolveError::NotFound(f)) => Err(ResolveError::NotFound(f.with_detail(skipped))),
+        Err(ResolveError::Other(f)) => Err(ResolveError::Other(f.with_detail(skipped))),
+    }
+}
+
+fn resolve_unbudgeted(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     let views = match open_views(pid, q.object.as_deref()) {
         Err(ResolveError::NotFound(f)) => {
             return unmapped::resolve(pid, q).unwrap_or(Err(ResolveError::NotFound(f)));
@@ -285,6 +309,13 @@ pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
 /// process (`--exe`): `--object`, if given, must be the path of a library to
 /// probe instead. Errors (exit code 2) as for [`resolve`].
 pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
+    crate::safe_open::check_kernel()?;
+    let _budget = crate::budget::start();
+    within_budget(resolve_file_unbudgeted(path, q).map_err(ResolveError::Other))
+        .map_err(Failure::from)
+}
+
+fn resolve_file_unbudgeted(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
     use std::os::unix::fs::MetadataExt as _;
     check_query(q)?;
     if q.address.is_some() {
@@ -630,6 +661,9 @@ fn matching<'a>(
     query: &'a str,
 ) -> impl Iterator<Item = Candidate<'a>> + 'a {
     syms.iter().filter_map(move |sym| {
+        if crate::budget::over(&view.mapped.open_path) {
+            return None;
+        }
         SymbolName::new(&sym.name)
             .matches(query)
             .map(|how| Candidate { view, sym, how })
@@ -671,6 +705,9 @@ fn listing_line(v: &View, s: &ElfSymbol) -> String {
 fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     let mut shorts: Vec<String> = Vec::new();
     for v in views {
+        if crate::budget::over(&v.mapped.open_path) {
+            break;
+        }
         for table in v.tables(pid) {
             for s in table
                 .iter()
@@ -735,7 +772,7 @@ fn by_address(pid: i32, views: &[View], addr: u64) -> Result<(&View, Function, u
     let vaddr = elf::offset_to_vaddr(&v.segments, file_offset).unwrap_or(u64::MAX);
     for table in v.tables(pid) {
         if let Some(s) = table.iter().find(|s| {
-            s.kind == SymKind::Func && s.size > 0 && vaddr >= s.value && vaddr < s.value + s.size
+            s.kind == SymKind::Func && s.size > 0 && vaddr >= s.value && vaddr - s.value < s.size
         }) && let Some(f) = v.function(s)
         {
             return Ok((v, f, vaddr - s.value));
@@ -769,6 +806,23 @@ pub struct Listed {
 /// across the target's mapped objects (or the one `object` selects), with
 /// IFUNCs and their resolvers marked.
 pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec<Listed>, Failure> {
+    crate::safe_open::check_kernel()?;
+    let _budget = crate::budget::start();
+    let rows = list_unbudgeted(pid, pattern, object)?;
+    if let Some(f) = crate::budget::failure() {
+        return Err(f);
+    }
+    for line in crate::budget::skipped_lines() {
+        eprintln!("mt-agent: warning: {line}");
+    }
+    Ok(rows)
+}
+
+fn list_unbudgeted(
+    pid: i32,
+    pattern: Option<&str>,
+    object: Option<&str>,
+) -> Result<Vec<Listed>, Failure> {
     let views = open_views(pid, object).map_err(Failure::from)?;
     let mut out = Vec::new();
     for v in &views {
@@ -790,6 +844,9 @@ pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec
             .flat_map(|t| t.iter())
             .filter(|s| (s.kind == SymKind::Func || s.kind == SymKind::Ifunc) && s.size > 0)
         {
+            if crate::budget::over(&v.mapped.open_path) {
+                break;
+            }
             let n = SymbolName::new(&s.name);
             if let Some(p) = pattern
                 && !s.name.contains(p)

@@ -140,8 +140,11 @@ fn demangle_forms(raw: &str) -> (Option<String>, Vec<String>) {
         }
         return (Some(without_hash), aliases);
     }
-    if let Ok(sym) = cpp_demangle::Symbol::new(raw) {
-        let full = sym.to_string();
+    if let Ok(sym) = cpp_demangle::Symbol::new(raw)
+        // Not `to_string()`: formatting a deeply nested name fails (the
+        // demangler's recursion limit), and `to_string` panics on that.
+        && let Ok(full) = sym.demangle(&DemangleOptions::new())
+    {
         let mut aliases = Vec::new();
         if let Ok(short) = sym.demangle(&DemangleOptions::new().no_params().no_return_type())
             && short != full
@@ -165,8 +168,13 @@ fn squeeze(s: &str) -> String {
 
 /// The `n` names closest to `query` by edit distance, best first.
 pub fn closest<'a>(query: &str, names: impl IntoIterator<Item = &'a str>, n: usize) -> Vec<String> {
+    // The edit distance costs len(query) × len(name); a name far longer or
+    // shorter than the query is no suggestion, and a huge one (a target's
+    // symbols are its own to choose) must not cost seconds.
+    let near = |name: &str| name.len() <= query.len().saturating_mul(4).max(64);
     let mut scored: Vec<(usize, &str)> = names
         .into_iter()
+        .filter(|name| near(name))
         .map(|name| (strsim::levenshtein(query, name), name))
         .collect();
     scored.sort();
