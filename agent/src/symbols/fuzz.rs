@@ -105,7 +105,7 @@ const TEXT_VADDR: u64 = 0x40_1000;
 
 /// x86-64 code: `main` (push rbp; mov rbp,rsp; test edi,edi; je; pop rbp;
 /// ret; nop; pop rbp; jmp far), then a rip-relative load, a nop5, an
-/// indirect jump and padding. 64 bytes.
+/// indirect jump and nop padding (not int3: a uprobe refuses it). 64 bytes.
 fn text() -> Vec<u8> {
     let mut t = vec![
         0x55, 0x48, 0x89, 0xe5, 0x85, 0xff, 0x74, 0x03, 0x5d, 0xc3, 0x90, 0x5d, 0xe9, 0x00, 0x10,
@@ -113,7 +113,7 @@ fn text() -> Vec<u8> {
         0x48, 0x8b, 0x05, 0x10, 0x00, 0x00, 0x00, 0xc3, //
         0x0f, 0x1f, 0x44, 0x00, 0x00, 0xff, 0xe0, 0xc3, // 32
     ];
-    t.resize(64, 0xcc);
+    t.resize(64, 0x90);
     t
 }
 
