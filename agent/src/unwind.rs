@@ -47,6 +47,87 @@ const STARTUP: [&str; 8] = [
     "__libc_csu_init",
 ];
 
+/// Crates of Rust's standard library and its dependencies, as legacy
+/// mangled prefixes (`_ZN3std…`). Since Rust 1.79 the prebuilt standard
+/// library keeps frame pointers while a release build of the program's own
+/// code does not, so these would outvote the code the user runs.
+const RUST_STD_CRATES: [&str; 19] = [
+    "std",
+    // The allocator and panic shims the compiler adds (v0: `7___rustc`).
+    "__rustc",
+    "core",
+    "alloc",
+    "panic_unwind",
+    "panic_abort",
+    "hashbrown",
+    "rustc_demangle",
+    "gimli",
+    "addr2line",
+    "miniz_oxide",
+    "object",
+    "std_detect",
+    "compiler_builtins",
+    "adler",
+    "adler2",
+    "memchr",
+    "unwind",
+    "libc",
+];
+
+/// Whether a symbol is toolchain code rather than the program's own:
+/// start-up code, or Rust's standard library.
+fn is_toolchain(name: &str) -> bool {
+    if STARTUP.contains(&name) || name.starts_with("__rust") || name.starts_with("rust_") {
+        return true;
+    }
+    let crate_name = match name.strip_prefix("_ZN") {
+        Some(rest) => length_prefixed(rest),
+        None => name.strip_prefix("_R").and_then(v0_first_crate),
+    };
+    crate_name.is_some_and(|c| RUST_STD_CRATES.contains(&c))
+}
+
+/// `3std…` → `std`: a length-prefixed identifier at the start of `s`.
+fn length_prefixed(s: &str) -> Option<&str> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let n: usize = s[..digits].parse().ok()?;
+    s.get(digits..digits + n)
+}
+
+/// A v0 identifier: a decimal length, then `_` when the name itself starts
+/// with `_` or a digit, then the name.
+fn v0_identifier(s: &str) -> Option<&str> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let n: usize = s[..digits].parse().ok()?;
+    let start = digits + usize::from(s[digits..].starts_with('_'));
+    s.get(start..start + n)
+}
+
+/// The first crate root of a v0-mangled Rust symbol (after `_R`): `C`,
+/// an optional disambiguator `s<base-62>_`, then the crate's
+/// length-prefixed name (the Rust symbol-mangling v0 grammar). For a
+/// function, that is the crate that defines it or its outer item.
+fn v0_first_crate(rest: &str) -> Option<&str> {
+    let b = rest.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'C' {
+            let mut j = i + 1;
+            if b.get(j) == Some(&b's') {
+                while j < b.len() && b[j] != b'_' {
+                    j += 1;
+                }
+                j += 1;
+            }
+            if b.get(j).is_some_and(u8::is_ascii_digit) {
+                return v0_identifier(&rest[j..]);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
 /// What `--call-graph` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -181,7 +262,7 @@ pub fn count_frames(path: &Path) -> std::io::Result<FrameCount> {
         .symbols()
         .chain(elf.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() >= 4)
-        .filter(|s| !s.name().is_ok_and(|n| STARTUP.contains(&n)))
+        .filter(|s| !s.name().is_ok_and(is_toolchain))
         .map(|s| (s.address(), s.size()))
         .collect();
     funcs.sort_unstable();
@@ -383,6 +464,27 @@ mod tests {
             classify(&code(&[&PUSH_RBP, &MOV_RBP_RSP, &RET])),
             (true, false)
         );
+    }
+
+    #[test]
+    fn rust_std_and_start_up_code_do_not_vote() {
+        assert!(is_toolchain("_ZN3std2io5stdio6_print17h0123456789abcdefE"));
+        assert!(is_toolchain("_ZN4core3fmt5write17h0123456789abcdefE"));
+        assert!(is_toolchain("_start"));
+        assert!(is_toolchain("__rust_alloc"));
+        assert!(!is_toolchain(
+            "_ZN13demo_workload13parse_payload17h127b251e425be3b8E"
+        ));
+        assert!(!is_toolchain("_ZN4stdx3foo17h0123456789abcdefE"));
+        assert!(!is_toolchain("main"));
+        assert!(!is_toolchain("_ZN2"));
+        // v0 mangling, as the prebuilt standard library uses.
+        assert!(is_toolchain(
+            "_RINvNtCsgEmfK2I1SDS_4core3ptr13drop_in_placeINtCs4X4t9plMPHF_9addr2line7ContextECsjrHSEGnQ3l9_3std"
+        ));
+        assert!(is_toolchain("_RNvNtCsjrHSEGnQ3l9_3std2io5stdio"));
+        assert!(is_toolchain("_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc"));
+        assert!(!is_toolchain("_RNvCs1234_13demo_workload4main"));
     }
 
     #[test]
