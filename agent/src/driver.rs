@@ -50,6 +50,8 @@ use crate::{
     target,
 };
 
+mod disarming;
+
 /// What a trigger watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Watch {
@@ -73,6 +75,9 @@ pub struct TriggerSetup {
     pub out: PathBuf,
     /// For the `armed` event.
     pub armed: Armed,
+    /// Detach the probes during this cooldown after each accepted hit
+    /// (`--pid` with a cooldown, without `--always-armed`).
+    pub disarm: Option<Duration>,
 }
 
 /// From the main thread to the driver.
@@ -232,6 +237,7 @@ struct Driver {
     finished: Vec<RecorderOutcome>,
     unrecorded: u64,
     extra: u64,
+    arming: disarming::Arming,
 }
 
 impl Driver {
@@ -248,6 +254,12 @@ impl Driver {
         }
         // perf inherits these across execve when we run with capabilities.
         caps::raise_ambient();
+        let arming = disarming::Arming::new(
+            setup
+                .triggers
+                .iter()
+                .filter_map(|t| Some((t.index, t.disarm?))),
+        );
         Ok(Self {
             setup,
             events,
@@ -270,6 +282,7 @@ impl Driver {
             finished: Vec::new(),
             unrecorded: 0,
             extra: 0,
+            arming,
         })
     }
 
@@ -557,6 +570,9 @@ impl Driver {
         {
             next = next.min(armed + delay);
         }
+        if let Some(at) = self.arming.next_rearm() {
+            next = next.min(now.at + Duration::from_nanos(at.saturating_sub(now.ns)));
+        }
         let wait = next.saturating_duration_since(now.at);
         // Round up to whole ms so a deadline is never missed by a hair.
         let ms = wait.as_nanos().div_ceil(1_000_000) as u64;
@@ -571,6 +587,7 @@ impl Driver {
         {
             self.watch_ring();
         }
+        self.rearm_due();
         for slot in 0..self.slots.len() {
             if let Some(r) = &mut self.slots[slot]
                 && r.tick(now).limit_reached
@@ -744,6 +761,8 @@ impl Driver {
                     self.maybe_track(hit.tgid as i32);
                 }
             }
+            // perf has its signal: now the probes may go.
+            self.disarm_after_hit(hit.trigger, hit.ktime_ns);
         }
     }
 
@@ -869,6 +888,7 @@ impl Driver {
 
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
+        self.arming.finish();
         self.settle_counters();
         let mut counters = CounterValues::default();
         let mut open_calls = 0;
@@ -907,6 +927,7 @@ impl Driver {
             recorders: self.finished.iter().map(RecorderSummary::from).collect(),
             unrecorded_hits: self.unrecorded,
             extra_processes: self.extra,
+            disarm: self.arming.summary(crate::clock::monotonic_ns()),
         }
     }
 }

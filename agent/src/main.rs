@@ -34,6 +34,8 @@ mod clock;
 mod conditions;
 mod config;
 mod counters;
+mod detacher;
+mod disarm;
 mod driver;
 mod end;
 mod error;

@@ -44,6 +44,8 @@ pub struct TriggerPlan {
     pub wait_for_symbol: Option<Duration>,
     pub filters: Filters,
     pub use_uretprobe: bool,
+    /// `--always-armed`: never detach the uprobes during a cooldown.
+    pub always_armed: bool,
     pub after: Option<Duration>,
     pub max_snapshots: Option<u64>,
 }
@@ -310,6 +312,7 @@ fn trigger_plan(o: &TriggerOptions, name: String) -> Result<TriggerPlan, Failure
                 .expect("the default cooldown parses"),
         },
         use_uretprobe: o.use_uretprobe,
+        always_armed: o.always_armed,
         after: duration("after", &o.after)?,
         max_snapshots: o.max_snapshots,
     })

@@ -19,7 +19,7 @@ use aya::{
     programs::{
         RawTracePoint, UProbe,
         raw_trace_point::RawTracePointLinkId,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 
@@ -202,6 +202,29 @@ impl Probes {
         for (program, _, link) in mine {
             self.detach_link(program, link);
         }
+    }
+
+    /// Takes the links of one trigger out of the programs, without
+    /// detaching them: dropping a link detaches it, which can wait for RCU
+    /// grace periods in the kernel, so the caller drops them on a thread
+    /// that no hit waits for (`detacher`).
+    pub fn take_trigger_links(&mut self, trigger: u32) -> Vec<UProbeLink> {
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|(_, t, _)| *t == trigger);
+        self.links = others;
+        let mut taken = Vec::new();
+        for (program, _, link) in mine {
+            if let Some(prog) = self
+                .ebpf
+                .program_mut(program)
+                .and_then(|p| <&mut UProbe>::try_from(p).ok())
+                && let Ok(l) = prog.take_link(link)
+            {
+                taken.push(l);
+            }
+        }
+        taken
     }
 
     /// Detaches every probe (and the exec tracepoint); the programs stay

@@ -366,6 +366,11 @@ impl Recorder {
         self.phase.perf_was_ready()
     }
 
+    /// Whether perf is ready and the recorder is not stopping.
+    pub fn recording(&self) -> bool {
+        matches!(self.phase, Phase::Recording)
+    }
+
     /// Whether perf has exited (the recorder can be finished).
     pub fn exited(&self) -> bool {
         matches!(self.phase, Phase::Exited { .. })
