@@ -6,15 +6,27 @@
 //! returns: milliseconds, against microseconds for the rest of a hit's
 //! path. The driver takes a disarmed trigger's links out of the programs
 //! ([`crate::probe::Probes::take_trigger_links`]) and hands them to this
-//! thread, which drops them and times each batch.
+//! thread, which drops them and times each one.
+//!
+//! The uprobe perf event is closed under the kernel's `event_mutex`
+//! (`perf_uprobe_destroy()` in kernel/trace/trace_event_perf.c), and opening
+//! one takes the same mutex: an attach made while a detach waits for its
+//! grace periods waits too. So the driver attaches only while no detach is
+//! in flight ([`Detacher::idle`]); the thread wakes the driver when it is
+//! done.
 
 use std::{
-    sync::{Arc, Mutex, mpsc},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
     thread::JoinHandle,
     time::Instant,
 };
 
 use aya::programs::uprobe::UProbeLink;
+use nix::sys::eventfd::EventFd;
 
 /// The thread and its measurements.
 pub struct Detacher {
@@ -22,14 +34,18 @@ pub struct Detacher {
     thread: Option<JoinHandle<()>>,
     /// Time to drop each link, ns.
     per_link_ns: Arc<Mutex<Vec<u64>>>,
+    /// Batches handed over and not yet dropped.
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Detacher {
-    /// Starts the thread.
-    pub fn spawn() -> std::io::Result<Self> {
+    /// Starts the thread; it writes `wake` after each batch.
+    pub fn spawn(wake: Arc<EventFd>) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Vec<UProbeLink>>();
         let per_link_ns = Arc::new(Mutex::new(Vec::new()));
         let times = per_link_ns.clone();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let pending = in_flight.clone();
         let thread = std::thread::Builder::new()
             .name("mt-detach".into())
             .spawn(move || {
@@ -42,12 +58,15 @@ impl Detacher {
                             v.push(ns);
                         }
                     }
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                    let _ = wake.write(1);
                 }
             })?;
         Ok(Self {
             tx: Some(tx),
             thread: Some(thread),
             per_link_ns,
+            in_flight,
         })
     }
 
@@ -56,12 +75,19 @@ impl Detacher {
         if links.is_empty() {
             return;
         }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         if let Some(tx) = &self.tx
             && let Err(mpsc::SendError(links)) = tx.send(links)
         {
             // The thread is gone: detach here rather than leave them.
             drop(links);
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Whether every link handed over is detached.
+    pub fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
     }
 
     /// Time to detach each link so far, ns.

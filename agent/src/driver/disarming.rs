@@ -42,8 +42,18 @@ impl Arming {
         }
     }
 
-    /// The earliest re-arm, CLOCK_MONOTONIC ns.
+    /// Whether no detach is in flight: an attach now would not wait for
+    /// one (detacher.rs).
+    fn idle(&self) -> bool {
+        self.detacher.as_ref().is_none_or(Detacher::idle)
+    }
+
+    /// The earliest re-arm, CLOCK_MONOTONIC ns; None while a detach is in
+    /// flight (the detacher wakes the driver when it is done).
     pub(super) fn next_rearm(&self) -> Option<u64> {
+        if !self.idle() {
+            return None;
+        }
         self.machines.values().filter_map(Disarm::rearm_at).min()
     }
 
@@ -106,7 +116,7 @@ impl Driver {
             return;
         }
         if self.arming.detacher.is_none() {
-            match Detacher::spawn() {
+            match Detacher::spawn(self.wake.clone()) {
                 Ok(d) => self.arming.detacher = Some(d),
                 Err(e) => {
                     self.setup
@@ -126,6 +136,9 @@ impl Driver {
 
     /// Attaches again the triggers whose cooldown has ended.
     pub(super) fn rearm_due(&mut self) {
+        if !self.arming.idle() {
+            return;
+        }
         let now = Now::read().ns;
         let due: Vec<u32> = self
             .arming
