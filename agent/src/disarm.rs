@@ -24,10 +24,10 @@ pub struct DisarmSummary {
     /// How late the re-arm was against the cooldown's end, µs (p50, p99).
     pub rearm_late_us_p50: Option<f64>,
     pub rearm_late_us_p99: Option<f64>,
-    /// Time to detach one uprobe (detacher thread), µs (p50, p99).
+    /// Time to detach one uprobe (arming thread), µs (p50, p99).
     pub detach_us_p50: Option<f64>,
     pub detach_us_p99: Option<f64>,
-    /// Time to attach a trigger's uprobes again (driver thread), µs.
+    /// Time to attach a trigger's uprobes again (arming thread), µs.
     pub attach_us_p50: Option<f64>,
     pub attach_us_p99: Option<f64>,
 }
@@ -53,6 +53,24 @@ pub struct DisarmStats {
     pub rearm_late_ns: Vec<u64>,
 }
 
+/// Where a trigger's uprobes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Armed,
+    /// Detached since `since` (ns); the cooldown ends at `until` (ns).
+    Disarmed {
+        since: u64,
+        until: u64,
+    },
+    /// An attach was asked for and has not returned. `next` is the end of
+    /// the cooldown of a hit read meanwhile (the new probes saw it).
+    Rearming {
+        since: u64,
+        until: u64,
+        next: Option<u64>,
+    },
+}
+
 /// One trigger's disarm state.
 #[derive(Debug, Clone)]
 pub struct Disarm {
@@ -60,8 +78,7 @@ pub struct Disarm {
     /// Don't disarm when less than this is left of the cooldown: the detach
     /// and the attach would cost more than the traps saved.
     min_gap_ns: u64,
-    /// Disarmed since (ns) until the cooldown's end (ns).
-    disarmed: Option<(u64, u64)>,
+    state: State,
     stats: DisarmStats,
 }
 
@@ -71,7 +88,7 @@ impl Disarm {
         Self {
             cooldown_ns,
             min_gap_ns,
-            disarmed: None,
+            state: State::Armed,
             stats: DisarmStats::default(),
         }
     }
@@ -79,62 +96,115 @@ impl Disarm {
     /// An accepted hit at `ktime_ns` was handled (perf signalled) at `now_ns`.
     pub fn on_hit(&mut self, ktime_ns: u64, now_ns: u64) -> Action {
         let end = ktime_ns.saturating_add(self.cooldown_ns);
-        if let Some((_, until)) = &mut self.disarmed {
+        match &mut self.state {
+            State::Armed => {
+                if end <= now_ns.saturating_add(self.min_gap_ns) {
+                    return Action::Keep;
+                }
+                self.state = State::Disarmed {
+                    since: now_ns,
+                    until: end,
+                };
+                self.stats.cycles += 1;
+                Action::Detach
+            }
             // A hit read after the detach (it was in the ring buffer):
             // the latest cooldown counts.
-            *until = (*until).max(end);
-            return Action::Keep;
+            State::Disarmed { until, .. } => {
+                *until = (*until).max(end);
+                Action::Keep
+            }
+            State::Rearming { until, next, .. } => {
+                if end > *until {
+                    *next = Some(next.unwrap_or(0).max(end));
+                }
+                Action::Keep
+            }
         }
-        if end <= now_ns.saturating_add(self.min_gap_ns) {
-            return Action::Keep;
+    }
+
+    /// Whether to ask for the attach at `now_ns`, `lead_ns` before the
+    /// cooldown ends (an attach takes time; attaching before the end is
+    /// harmless: the kernel's cooldown still drops those calls).
+    pub fn due(&self, now_ns: u64, lead_ns: u64) -> bool {
+        matches!(self.state, State::Disarmed { until, .. } if now_ns.saturating_add(lead_ns) >= until)
+    }
+
+    /// When to ask for the attach (ns), if disarmed and not asked yet.
+    pub fn rearm_at(&self, lead_ns: u64) -> Option<u64> {
+        match self.state {
+            State::Disarmed { until, .. } => Some(until.saturating_sub(lead_ns)),
+            _ => None,
         }
-        self.disarmed = Some((now_ns, end));
-        self.stats.cycles += 1;
-        Action::Detach
     }
 
-    /// When the probes must be attached again (CLOCK_MONOTONIC ns), if
-    /// disarmed.
-    pub fn rearm_at(&self) -> Option<u64> {
-        self.disarmed.map(|(_, until)| until)
+    /// The attach was asked for.
+    pub fn rearming(&mut self) {
+        if let State::Disarmed { since, until } = self.state {
+            self.state = State::Rearming {
+                since,
+                until,
+                next: None,
+            };
+        }
     }
 
-    /// Whether the probes must be attached again at `now_ns`.
-    pub fn due(&self, now_ns: u64) -> bool {
-        self.rearm_at().is_some_and(|at| now_ns >= at)
-    }
-
-    /// The probes were attached again; `now_ns` is when the attach
-    /// returned.
-    pub fn rearmed(&mut self, now_ns: u64) {
-        if let Some((since, until)) = self.disarmed.take() {
-            self.stats.disarmed_ns += now_ns.saturating_sub(since);
-            self.stats.rearm_late_ns.push(now_ns.saturating_sub(until));
+    /// The attach returned at `now_ns`. Returns [`Action::Detach`] when a
+    /// hit read meanwhile started a cooldown long enough to disarm again.
+    pub fn rearmed(&mut self, now_ns: u64) -> Action {
+        let State::Rearming { since, until, next } = self.state else {
+            return Action::Keep;
+        };
+        self.stats.disarmed_ns += now_ns.saturating_sub(since);
+        self.stats.rearm_late_ns.push(now_ns.saturating_sub(until));
+        self.state = State::Armed;
+        match next {
+            Some(end) if end > now_ns.saturating_add(self.min_gap_ns) => {
+                self.state = State::Disarmed {
+                    since: now_ns,
+                    until: end,
+                };
+                self.stats.cycles += 1;
+                Action::Detach
+            }
+            _ => Action::Keep,
         }
     }
 
     /// The probes will not be attached again (the run or the recording
-    /// ended) at `now_ns`: closes the open cycle.
+    /// ended, or the attach failed) at `now_ns`: closes the open cycle.
     pub fn finish(&mut self, now_ns: u64) {
-        if let Some((since, _)) = self.disarmed.take() {
+        if let State::Disarmed { since, .. } | State::Rearming { since, .. } = self.state {
             self.stats.disarmed_ns += now_ns.saturating_sub(since);
         }
+        self.state = State::Armed;
     }
 
-    /// Whether the probes are detached.
+    /// Whether the probes are detached (or being attached again).
     #[cfg(test)]
     pub fn is_disarmed(&self) -> bool {
-        self.disarmed.is_some()
+        self.state != State::Armed
     }
 
     /// The totals, counting an open cycle up to `now_ns`.
     pub fn stats_at(&self, now_ns: u64) -> DisarmStats {
         let mut s = self.stats.clone();
-        if let Some((since, _)) = self.disarmed {
+        if let State::Disarmed { since, .. } | State::Rearming { since, .. } = self.state {
             s.disarmed_ns += now_ns.saturating_sub(since);
         }
         s
     }
+}
+
+/// How early to ask for an attach: the slowest of the recent attaches
+/// (`recent`, ns), at most half the cooldown; 0 before the first.
+pub fn lead_ns(recent: &[u64], cooldown_ns: u64) -> u64 {
+    recent
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .min(cooldown_ns / 2)
 }
 
 /// The `q` quantile (0..=1) of `v`, nearest rank; None when empty.
@@ -154,20 +224,38 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    fn rearm(d: &mut Disarm, at: u64) -> Action {
+        d.rearming();
+        d.rearmed(at)
+    }
+
     #[test]
     fn a_hit_disarms_until_the_cooldown_ends() {
         let mut d = Disarm::new(100 * MS, MS);
         assert_eq!(d.on_hit(1_000 * MS, 1_000 * MS + 50_000), Action::Detach);
         assert!(d.is_disarmed());
-        assert_eq!(d.rearm_at(), Some(1_100 * MS));
-        assert!(!d.due(1_099 * MS));
-        assert!(d.due(1_100 * MS));
-        d.rearmed(1_100 * MS + 300_000);
+        assert_eq!(d.rearm_at(0), Some(1_100 * MS));
+        assert_eq!(d.rearm_at(10 * MS), Some(1_090 * MS));
+        assert!(!d.due(1_099 * MS, 0));
+        assert!(d.due(1_099 * MS, MS));
+        assert!(d.due(1_100 * MS, 0));
+        d.rearming();
+        assert_eq!(d.rearm_at(0), None, "asked once");
+        assert!(!d.due(2_000 * MS, 0));
+        assert_eq!(d.rearmed(1_100 * MS + 300_000), Action::Keep);
         assert!(!d.is_disarmed());
         let s = d.stats_at(2_000 * MS);
         assert_eq!(s.cycles, 1);
         assert_eq!(s.rearm_late_ns, vec![300_000]);
         assert_eq!(s.disarmed_ns, 100 * MS + 300_000 - 50_000);
+    }
+
+    #[test]
+    fn an_early_rearm_is_not_late() {
+        let mut d = Disarm::new(100 * MS, MS);
+        d.on_hit(0, 0);
+        assert_eq!(rearm(&mut d, 95 * MS), Action::Keep);
+        assert_eq!(d.stats_at(95 * MS).rearm_late_ns, vec![0]);
     }
 
     #[test]
@@ -185,10 +273,25 @@ mod tests {
         let mut d = Disarm::new(100 * MS, MS);
         assert_eq!(d.on_hit(10 * MS, 10 * MS), Action::Detach);
         assert_eq!(d.on_hit(5 * MS, 11 * MS), Action::Keep);
-        assert_eq!(d.rearm_at(), Some(110 * MS));
+        assert_eq!(d.rearm_at(0), Some(110 * MS));
         assert_eq!(d.on_hit(20 * MS, 21 * MS), Action::Keep);
-        assert_eq!(d.rearm_at(), Some(120 * MS));
+        assert_eq!(d.rearm_at(0), Some(120 * MS));
         assert_eq!(d.stats_at(50 * MS).cycles, 1);
+    }
+
+    #[test]
+    fn a_hit_of_the_new_probes_before_the_attach_returns_disarms_again() {
+        let mut d = Disarm::new(100 * MS, MS);
+        d.on_hit(0, 0);
+        d.rearming();
+        // The probes went in at ~99 ms; a call at 100 ms was accepted and
+        // read before the attach returned.
+        assert_eq!(d.on_hit(100 * MS, 101 * MS), Action::Keep);
+        assert_eq!(d.rearmed(102 * MS), Action::Detach);
+        assert_eq!(d.rearm_at(0), Some(200 * MS));
+        let s = d.stats_at(102 * MS);
+        assert_eq!((s.cycles, s.disarmed_ns), (2, 102 * MS));
+        assert_eq!(s.rearm_late_ns, vec![2 * MS]);
     }
 
     #[test]
@@ -209,12 +312,19 @@ mod tests {
         for i in 0..5 {
             let t = i * 20 * MS;
             assert_eq!(d.on_hit(t, t), Action::Detach);
-            d.rearmed(t + 10 * MS + i * 1000);
+            assert_eq!(rearm(&mut d, t + 10 * MS + i * 1000), Action::Keep);
         }
         let s = d.stats_at(1_000 * MS);
         assert_eq!(s.cycles, 5);
         assert_eq!(s.disarmed_ns, 50 * MS + 10_000);
         assert_eq!(s.rearm_late_ns, vec![0, 1000, 2000, 3000, 4000]);
+    }
+
+    #[test]
+    fn the_lead_is_the_slowest_recent_attach_within_half_the_cooldown() {
+        assert_eq!(lead_ns(&[], 100 * MS), 0);
+        assert_eq!(lead_ns(&[3 * MS, 12 * MS, 5 * MS], 100 * MS), 12 * MS);
+        assert_eq!(lead_ns(&[80 * MS], 100 * MS), 50 * MS);
     }
 
     #[test]

@@ -443,11 +443,16 @@ impl Driver {
         if let Some(p) = self.probes.as_mut() {
             p.detach_trigger(trigger);
         }
+        self.arming.forget(trigger);
     }
 
     fn detach_all(&mut self) {
         if let Some(p) = self.probes.as_mut() {
             p.detach_all();
+        }
+        let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
+        for t in triggers {
+            self.arming.forget(t);
         }
     }
 

@@ -26,6 +26,7 @@
 //! * [`list`]: `mt-agent symbols`;
 //! * [`unwind`]: frame pointers or DWARF: how perf unwinds stacks.
 
+mod armer;
 mod budget;
 mod caps;
 mod check;
@@ -34,7 +35,6 @@ mod clock;
 mod conditions;
 mod config;
 mod counters;
-mod detacher;
 mod disarm;
 mod driver;
 mod end;
@@ -46,6 +46,7 @@ mod perf;
 mod perf_data;
 mod plan;
 mod probe;
+mod rawprobe;
 mod recorder;
 mod run;
 mod session;

@@ -1,29 +1,45 @@
 //! The driver's side of disarming ([`crate::disarm`]): after an accepted
-//! hit's `kill(perf)`, a `--pid` trigger with a cooldown has its links taken
-//! out of the programs and dropped on the detacher thread; when the
-//! cooldown ends, the driver attaches them again.
+//! hit's `kill(perf)`, a `--pid` trigger with a cooldown has its uprobes
+//! detached by the arming thread ([`crate::armer`]), and attached again by
+//! it when the cooldown ends. The driver only sends work and reads results:
+//! it never waits for the kernel's grace periods.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
+    sync::Arc,
+    time::Duration,
+};
 
 use super::{Driver, Watch};
 use crate::{
+    armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
-    detacher::Detacher,
-    disarm::{Action, Disarm, DisarmSummary, quantile},
+    disarm::{Action, Disarm, DisarmSummary, lead_ns, quantile},
+    error::Failure,
+    probe::Returns,
     run::EndReason,
 };
 
 /// Don't disarm for less than this: a detach and an attach cost more than
-/// the traps of a millisecond saved (docs/disarming.md).
-const MIN_GAP_NS: u64 = 2_000_000;
+/// the traps of a few milliseconds saved (docs/disarming.md).
+const MIN_GAP_NS: u64 = 5_000_000;
+/// How many recent attach times set the lead.
+const RECENT: usize = 8;
 
 /// The disarm state of a run's triggers.
 #[derive(Default)]
 pub(super) struct Arming {
     machines: HashMap<u32, Disarm>,
-    detacher: Option<Detacher>,
-    /// Time to attach a trigger's probes again, ns per re-arm.
+    cooldowns: HashMap<u32, u64>,
+    /// Triggers detached for good (their recording ended).
+    gone: HashSet<u32>,
+    armer: Option<Armer>,
+    programs: HashMap<&'static str, Arc<OwnedFd>>,
+    /// Time to attach a trigger's uprobes again, ns per re-arm.
     attach_ns: Vec<u64>,
+    /// Time to detach one uprobe, ns.
+    detach_ns: Vec<u64>,
 }
 
 fn us(v: Option<u64>) -> Option<f64> {
@@ -33,28 +49,30 @@ fn us(v: Option<u64>) -> Option<f64> {
 impl Arming {
     /// Machines for the triggers that disarm.
     pub(super) fn new(cooldowns: impl Iterator<Item = (u32, Duration)>) -> Self {
-        let machines: HashMap<u32, Disarm> = cooldowns
-            .map(|(t, c)| (t, Disarm::new(c.as_nanos() as u64, MIN_GAP_NS)))
+        let cooldowns: HashMap<u32, u64> =
+            cooldowns.map(|(t, c)| (t, c.as_nanos() as u64)).collect();
+        let machines = cooldowns
+            .iter()
+            .map(|(t, c)| (*t, Disarm::new(*c, MIN_GAP_NS)))
             .collect();
         Self {
             machines,
+            cooldowns,
             ..Self::default()
         }
     }
 
-    /// Whether no detach is in flight: an attach now would not wait for
-    /// one (detacher.rs).
-    fn idle(&self) -> bool {
-        self.detacher.as_ref().is_none_or(Detacher::idle)
+    fn lead(&self, trigger: u32) -> u64 {
+        let recent = &self.attach_ns[self.attach_ns.len().saturating_sub(RECENT)..];
+        lead_ns(recent, self.cooldowns.get(&trigger).copied().unwrap_or(0))
     }
 
-    /// The earliest re-arm, CLOCK_MONOTONIC ns; None while a detach is in
-    /// flight (the detacher wakes the driver when it is done).
+    /// When the next attach must be asked for, CLOCK_MONOTONIC ns.
     pub(super) fn next_rearm(&self) -> Option<u64> {
-        if !self.idle() {
-            return None;
-        }
-        self.machines.values().filter_map(Disarm::rearm_at).min()
+        self.machines
+            .iter()
+            .filter_map(|(t, m)| m.rearm_at(self.lead(*t)))
+            .min()
     }
 
     /// The run's totals at `now_ns`.
@@ -67,28 +85,43 @@ impl Arming {
             s.disarmed_s += st.disarmed_ns as f64 / 1e9;
             late.extend(st.rearm_late_ns);
         }
-        let detach = self
-            .detacher
-            .as_ref()
-            .map(Detacher::per_link_ns)
-            .unwrap_or_default();
         s.rearm_late_us_p50 = us(quantile(&late, 0.5));
         s.rearm_late_us_p99 = us(quantile(&late, 0.99));
-        s.detach_us_p50 = us(quantile(&detach, 0.5));
-        s.detach_us_p99 = us(quantile(&detach, 0.99));
+        s.detach_us_p50 = us(quantile(&self.detach_ns, 0.5));
+        s.detach_us_p99 = us(quantile(&self.detach_ns, 0.99));
         s.attach_us_p50 = us(quantile(&self.attach_ns, 0.5));
         s.attach_us_p99 = us(quantile(&self.attach_ns, 0.99));
         s
     }
 
-    /// Waits for every handed-over link to be detached.
-    pub(super) fn finish(&mut self) {
-        let now = Now::read().ns;
-        for m in self.machines.values_mut() {
-            m.finish(now);
+    /// The trigger's uprobes are detached for good: the arming thread
+    /// drops those it holds.
+    pub(super) fn forget(&mut self, trigger: u32) {
+        if !self.machines.contains_key(&trigger) || !self.gone.insert(trigger) {
+            return;
         }
-        if let Some(d) = &mut self.detacher {
-            d.finish();
+        if let Some(m) = self.machines.get_mut(&trigger) {
+            m.finish(Now::read().ns);
+        }
+        if let Some(a) = &self.armer {
+            a.detach(trigger, Vec::new());
+        }
+    }
+
+    /// Forgets every trigger and waits until the arming thread has
+    /// detached everything it holds.
+    pub(super) fn finish(&mut self) {
+        let triggers: Vec<u32> = self.machines.keys().copied().collect();
+        for t in triggers {
+            self.forget(t);
+        }
+        if let Some(a) = &mut self.armer {
+            a.finish();
+            while let Ok(d) = a.rx.try_recv() {
+                if let Done::Detached { per_link_ns, .. } = d {
+                    self.detach_ns.extend(per_link_ns);
+                }
+            }
         }
     }
 }
@@ -97,97 +130,164 @@ impl Driver {
     /// After an accepted hit's `kill(perf)`: disarm its trigger if it
     /// can't accept a call before its cooldown ends.
     pub(super) fn disarm_after_hit(&mut self, trigger: u32, ktime_ns: u64) {
-        if self.stopping.is_some() || !self.arming.machines.contains_key(&trigger) {
+        if self.stopping.is_some() || self.arming.gone.contains(&trigger) {
             return;
         }
         let now = Now::read().ns;
-        let m = self.arming.machines.get_mut(&trigger).expect("checked");
-        if m.on_hit(ktime_ns, now) != Action::Detach {
+        let Some(m) = self.arming.machines.get_mut(&trigger) else {
             return;
+        };
+        if m.on_hit(ktime_ns, now) == Action::Detach {
+            self.send_detach(trigger);
         }
+    }
+
+    fn send_detach(&mut self, trigger: u32) {
+        if self.arming.armer.is_none() {
+            match Armer::spawn(self.wake.clone()) {
+                Ok(a) => self.arming.armer = Some(a),
+                Err(e) => {
+                    self.setup
+                        .reporter
+                        .warning(&format!("cannot start the arming thread: {e}"));
+                    self.arming.forget(trigger);
+                    return;
+                }
+            }
+        }
+        // The first time, the links aya made; later, the thread's own.
         let links = self
             .probes
             .as_mut()
             .map(|p| p.take_trigger_links(trigger))
             .unwrap_or_default();
-        if links.is_empty() {
-            // Already detached for good (the recorder ended).
-            m.finish(now);
-            return;
+        if let Some(a) = &self.arming.armer {
+            a.detach(trigger, links);
         }
-        if self.arming.detacher.is_none() {
-            match Detacher::spawn(self.wake.clone()) {
-                Ok(d) => self.arming.detacher = Some(d),
-                Err(e) => {
-                    self.setup
-                        .reporter
-                        .warning(&format!("cannot start the detacher thread: {e}"));
-                }
-            }
-        }
-        match &self.arming.detacher {
-            Some(d) => d.detach(links),
-            None => drop(links),
-        }
-        self.setup
-            .reporter
-            .disarmed(trigger, m.rearm_at().unwrap_or(0));
+        let until = self.arming.machines[&trigger].rearm_at(0).unwrap_or(0);
+        self.setup.reporter.disarmed(trigger, until);
     }
 
-    /// Attaches again the triggers whose cooldown has ended.
+    /// Asks for the attach of the triggers whose cooldown is about to end,
+    /// and takes the arming thread's results.
     pub(super) fn rearm_due(&mut self) {
-        if !self.arming.idle() {
-            return;
-        }
+        self.arming_results();
         let now = Now::read().ns;
         let due: Vec<u32> = self
             .arming
             .machines
             .iter()
-            .filter(|(_, m)| m.due(now))
+            .filter(|(t, m)| m.due(now, self.arming.lead(**t)))
             .map(|(t, _)| *t)
             .collect();
         for trigger in due {
-            self.rearm(trigger);
+            match self.arm_plan(trigger) {
+                Some(plan) => {
+                    self.arming
+                        .machines
+                        .get_mut(&trigger)
+                        .expect("due")
+                        .rearming();
+                    if let Some(a) = &self.arming.armer {
+                        a.attach(plan);
+                    }
+                }
+                None => self.arming.forget(trigger),
+            }
         }
     }
 
-    fn rearm(&mut self, trigger: u32) {
-        let slot = self
-            .by_target
-            .iter()
-            .find(|((t, _), _)| *t == trigger)
-            .map(|(_, s)| *s);
-        let ready = slot
-            .and_then(|s| self.slots[s].as_ref())
-            .is_some_and(|r| r.recording());
+    /// The uprobes of a trigger whose recorder still records.
+    fn arm_plan(&mut self, trigger: u32) -> Option<ArmPlan> {
         let t = self.trigger(trigger);
-        if self.stopping.is_some() || !ready || !matches!(t.watch, Watch::Pid(_)) {
-            let now = Now::read().ns;
-            if let Some(m) = self.arming.machines.get_mut(&trigger) {
-                m.finish(now);
-            }
-            return;
+        let Watch::Pid(pid) = t.watch else {
+            return None;
+        };
+        let recording = self
+            .by_target
+            .get(&(trigger, pid))
+            .and_then(|s| self.slots[*s].as_ref())
+            .is_some_and(|r| r.recording());
+        if self.stopping.is_some() || !recording {
+            return None;
         }
         let plan = t.plan.clone();
-        let started = Now::read();
-        let attached = self.attach(&plan);
-        let now = Now::read();
-        self.arming
-            .attach_ns
-            .push(now.ns.saturating_sub(started.ns));
-        let m = self.arming.machines.get_mut(&trigger).expect("due");
-        let late_ns = now.ns.saturating_sub(m.rearm_at().unwrap_or(now.ns));
-        m.rearmed(now.ns);
-        match attached {
-            Ok(()) => self.setup.reporter.rearmed(trigger, late_ns),
-            Err(f) => {
-                self.detach_trigger(trigger);
-                let pid = plan.pid.unwrap_or(0);
-                if let Some(r) = slot.and_then(|s| self.slots[s].as_mut()) {
+        let mut points = vec![("mt_entry", plan.entry_offset, false)];
+        match &plan.returns {
+            None => {}
+            Some(Returns::RetInstructions(v)) => {
+                points.extend(v.iter().map(|o| ("mt_return", *o, false)));
+            }
+            Some(Returns::Uretprobe) => points.push(("mt_uretprobe", plan.entry_offset, true)),
+        }
+        let mut out = Vec::new();
+        for (name, offset, ret) in points {
+            if !self.arming.programs.contains_key(name) {
+                let fd = self.probes.as_ref()?.program_fd(name)?;
+                self.arming.programs.insert(name, Arc::new(fd));
+            }
+            let prog = self.arming.programs[name].clone();
+            out.push(Point { prog, offset, ret });
+        }
+        Some(ArmPlan {
+            trigger,
+            path: plan.path,
+            pid,
+            points: out,
+        })
+    }
+
+    fn arming_results(&mut self) {
+        let done: Vec<Done> = match &self.arming.armer {
+            Some(a) => a.rx.try_iter().collect(),
+            None => return,
+        };
+        for d in done {
+            match d {
+                Done::Detached { per_link_ns, .. } => self.arming.detach_ns.extend(per_link_ns),
+                Done::Attached {
+                    trigger,
+                    result,
+                    at_ns,
+                    took_ns,
+                } => self.attached(trigger, result, at_ns, took_ns),
+            }
+        }
+    }
+
+    fn attached(&mut self, trigger: u32, result: Result<(), String>, at_ns: u64, took_ns: u64) {
+        self.arming.attach_ns.push(took_ns);
+        if self.arming.gone.contains(&trigger) {
+            return;
+        }
+        let Some(m) = self.arming.machines.get_mut(&trigger) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                let again = m.rearmed(at_ns);
+                let late = m.stats_at(at_ns).rearm_late_ns.last().copied().unwrap_or(0);
+                self.setup.reporter.rearmed(trigger, late);
+                if again == Action::Detach {
+                    self.send_detach(trigger);
+                }
+            }
+            Err(message) => {
+                self.arming.forget(trigger);
+                let Watch::Pid(pid) = self.trigger(trigger).watch else {
+                    return;
+                };
+                let now = Now::read();
+                if let Some(r) = self
+                    .by_target
+                    .get(&(trigger, pid))
+                    .copied()
+                    .and_then(|s| self.slots[s].as_mut())
+                {
                     if crate::target::is_alive(pid) {
-                        r.fail(f, now);
+                        r.fail(Failure::runtime(message), now);
                     } else {
+                        // The target exited while disarmed: a normal end.
                         r.stop(EndReason::TargetExited, now);
                     }
                 }
