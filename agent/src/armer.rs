@@ -55,7 +55,7 @@ enum Work {
 #[derive(Debug)]
 pub enum Done {
     /// A trigger's links were detached; time per uprobe, ns.
-    Detached { per_link_ns: Vec<u64> },
+    Detached { trigger: u32, per_link_ns: Vec<u64> },
     /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
     /// `at_ns`, after `took_ns`.
     Attached {
@@ -85,7 +85,7 @@ impl Armer {
                 for w in work {
                     let d = match w {
                         Work::Detach(trigger, links) => {
-                            detach(links, own.remove(&trigger).unwrap_or_default())
+                            detach(trigger, links, own.remove(&trigger).unwrap_or_default())
                         }
                         Work::Attach(plan) => attach(plan, &mut own),
                     };
@@ -130,7 +130,7 @@ impl Drop for Armer {
     }
 }
 
-fn detach(links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
+fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
     let mut per_link_ns = Vec::new();
     for link in links {
         let t = Instant::now();
@@ -142,7 +142,10 @@ fn detach(links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
         drop(link);
         per_link_ns.push(t.elapsed().as_nanos() as u64);
     }
-    Done::Detached { per_link_ns }
+    Done::Detached {
+        trigger,
+        per_link_ns,
+    }
 }
 
 fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {

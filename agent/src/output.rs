@@ -225,8 +225,9 @@ impl Reporter {
         }
     }
 
-    /// `disarmed`: a trigger's uprobes are being detached until `rearm_ns`
-    /// (CLOCK_MONOTONIC). Printed in JSON mode, and at -v in text mode.
+    /// `disarmed`: a trigger's uprobes are detached until about `rearm_ns`
+    /// (CLOCK_MONOTONIC), the end of its cooldown. Printed in JSON mode, and
+    /// at -v in text mode.
     pub fn disarmed(&self, trigger: u32, rearm_ns: u64) {
         if self.json {
             return self.print_json(

@@ -68,6 +68,8 @@ fn cooldown_drops_in_the_kernel_and_counts_add_up() {
         "trigger",
         "--cooldown",
         "200ms",
+        // Every call seen: the probe stays in during cooldowns.
+        "--always-armed",
         "--json",
     ]);
     agent.wait_armed();

@@ -164,8 +164,6 @@ impl Driver {
         if let Some(a) = &self.arming.armer {
             a.detach(trigger, links);
         }
-        let until = self.arming.machines[&trigger].rearm_at(0).unwrap_or(0);
-        self.setup.reporter.disarmed(trigger, until);
     }
 
     /// Asks for the attach of the triggers whose cooldown is about to end,
@@ -244,7 +242,22 @@ impl Driver {
         };
         for d in done {
             match d {
-                Done::Detached { per_link_ns, .. } => self.arming.detach_ns.extend(per_link_ns),
+                Done::Detached {
+                    trigger,
+                    per_link_ns,
+                } => {
+                    self.arming.detach_ns.extend(per_link_ns);
+                    // The code is the target's own again (until the attach).
+                    if !self.arming.gone.contains(&trigger)
+                        && let Some(until) = self
+                            .arming
+                            .machines
+                            .get(&trigger)
+                            .and_then(|m| m.rearm_at(0))
+                    {
+                        self.setup.reporter.disarmed(trigger, until);
+                    }
+                }
                 Done::Attached {
                     trigger,
                     result,
