@@ -208,6 +208,8 @@ fn json_events_are_one_object_per_line() {
             [
                 "armed",
                 "hit_accepted",
+                "disarmed",
+                "rearmed",
                 "snapshot",
                 "warning",
                 "summary",
@@ -255,6 +257,7 @@ fn json_events_are_one_object_per_line() {
         "agent_peak_rss_kib",
         "duration_s",
         "output",
+        "disarm",
     ] {
         assert!(!summary[f].is_null(), "summary lacks {f}: {summary}");
     }
