@@ -32,6 +32,19 @@ pub struct DisarmSummary {
     pub attach_us_p99: Option<f64>,
 }
 
+/// A trigger's disarming so far, as each index line records it (`disarm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DisarmCounters {
+    /// Disarm cycles started.
+    pub cycles: u64,
+    /// Time the probes were out in the cycles that have ended, ns.
+    pub disarmed_ns: u64,
+}
+
+/// The driver publishes each trigger's [`DisarmCounters`] here; recorders
+/// read them when they index a snapshot.
+pub type Board = std::sync::Mutex<std::collections::HashMap<u32, DisarmCounters>>;
+
 /// What the driver must do after telling the machine about an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -184,6 +197,14 @@ impl Disarm {
     #[cfg(test)]
     pub fn is_disarmed(&self) -> bool {
         self.state != State::Armed
+    }
+
+    /// Cycles started, and time out in the cycles that have ended.
+    pub fn counters(&self) -> DisarmCounters {
+        DisarmCounters {
+            cycles: self.stats.cycles,
+            disarmed_ns: self.stats.disarmed_ns,
+        }
     }
 
     /// The totals, counting an open cycle up to `now_ns`.

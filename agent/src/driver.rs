@@ -479,6 +479,7 @@ impl Driver {
                 reporter: self.setup.reporter.clone(),
                 counters: self.counters.clone(),
                 keeper: self.setup.keeper.clone(),
+                disarm: self.arming.board.clone(),
             },
         )?;
         let slot = self

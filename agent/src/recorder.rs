@@ -269,6 +269,7 @@ pub struct Recorder {
     next_sample: Instant,
     /// `--max-disk`, shared by every recorder of the run.
     keeper: Option<Arc<Mutex<Keeper>>>,
+    disarm: Arc<crate::disarm::Board>,
 }
 
 /// What every recorder of a run shares.
@@ -279,6 +280,8 @@ pub struct Shared {
     pub counters: Arc<OnceLock<Counters>>,
     /// `--max-disk`.
     pub keeper: Option<Arc<Mutex<Keeper>>>,
+    /// Each trigger's disarming so far, for the index.
+    pub disarm: Arc<crate::disarm::Board>,
 }
 
 impl Recorder {
@@ -298,6 +301,7 @@ impl Recorder {
             reporter,
             counters,
             keeper,
+            disarm,
         } = shared;
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
@@ -342,6 +346,7 @@ impl Recorder {
             spin: SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
             keeper,
+            disarm,
         })
     }
 
@@ -623,7 +628,13 @@ impl Recorder {
         let merged = self.machine.stats().merged;
         snap.span = read_span(&path);
         mark_calls_before(&mut snap);
-        if let Err(e) = self.index.snapshot(&snap, counters, merged) {
+        let disarm = self
+            .disarm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&self.trigger)
+            .copied();
+        if let Err(e) = self.index.snapshot(&snap, counters, merged, disarm) {
             self.index_failed(e, now);
         }
         self.output.keep();

@@ -40,6 +40,8 @@ pub(super) struct Arming {
     attach_ns: Vec<u64>,
     /// Time to detach one uprobe, ns.
     detach_ns: Vec<u64>,
+    /// Each trigger's counters, for the recorders' index lines.
+    pub(super) board: Arc<crate::disarm::Board>,
 }
 
 fn us(v: Option<u64>) -> Option<f64> {
@@ -55,10 +57,24 @@ impl Arming {
             .iter()
             .map(|(t, c)| (*t, Disarm::new(*c, MIN_GAP_NS)))
             .collect();
-        Self {
+        let arming = Self {
             machines,
             cooldowns,
             ..Self::default()
+        };
+        for t in arming.machines.keys() {
+            arming.publish(*t);
+        }
+        arming
+    }
+
+    /// Publishes a trigger's counters for the index.
+    fn publish(&self, trigger: u32) {
+        if let Some(m) = self.machines.get(&trigger) {
+            self.board
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(trigger, m.counters());
         }
     }
 
@@ -103,6 +119,7 @@ impl Arming {
         if let Some(m) = self.machines.get_mut(&trigger) {
             m.finish(Now::read().ns);
         }
+        self.publish(trigger);
         if let Some(a) = &self.armer {
             a.detach(trigger, Vec::new());
         }
@@ -138,6 +155,7 @@ impl Driver {
             return;
         };
         if m.on_hit(ktime_ns, now) == Action::Detach {
+            self.arming.publish(trigger);
             self.send_detach(trigger);
         }
     }
@@ -280,6 +298,7 @@ impl Driver {
             Ok(()) => {
                 let again = m.rearmed(at_ns);
                 let late = m.stats_at(at_ns).rearm_late_ns.last().copied().unwrap_or(0);
+                self.arming.publish(trigger);
                 self.setup.reporter.rearmed(trigger, late);
                 if again == Action::Detach {
                     self.send_detach(trigger);
