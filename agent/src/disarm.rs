@@ -19,6 +19,9 @@ use serde::Serialize;
 pub struct DisarmSummary {
     /// Disarm cycles, over triggers.
     pub cycles: u64,
+    /// Accepted hits after which the probes stayed in (the cooldown was
+    /// shorter than a detach and an attach), over triggers.
+    pub kept_armed: u64,
     /// Time the probes were detached, seconds, summed over triggers.
     pub disarmed_s: f64,
     /// How late the re-arm was against the cooldown's end, µs (p50, p99).
@@ -64,6 +67,9 @@ pub struct DisarmStats {
     pub disarmed_ns: u64,
     /// For each re-arm: how late it was against the cooldown's end, ns.
     pub rearm_late_ns: Vec<u64>,
+    /// Accepted hits after which the probes stayed in: a detach and an
+    /// attach would not have fit in what was left of the cooldown.
+    pub kept_armed: u64,
 }
 
 /// Where a trigger's uprobes are.
@@ -88,8 +94,8 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct Disarm {
     cooldown_ns: u64,
-    /// Don't disarm when less than this is left of the cooldown: the detach
-    /// and the attach would cost more than the traps saved.
+    /// Don't disarm when less than this is left of the cooldown: the probes
+    /// would not be back by its end ([`round_trip_ns`]).
     min_gap_ns: u64,
     state: State,
     stats: DisarmStats,
@@ -106,12 +112,20 @@ impl Disarm {
         }
     }
 
+    /// Sets the least cooldown left that is worth a disarm, ns.
+    pub fn set_min_gap(&mut self, ns: u64) {
+        self.min_gap_ns = ns;
+    }
+
     /// An accepted hit at `ktime_ns` was handled (perf signalled) at `now_ns`.
     pub fn on_hit(&mut self, ktime_ns: u64, now_ns: u64) -> Action {
         let end = ktime_ns.saturating_add(self.cooldown_ns);
         match &mut self.state {
             State::Armed => {
                 if end <= now_ns.saturating_add(self.min_gap_ns) {
+                    if end > now_ns {
+                        self.stats.kept_armed += 1;
+                    }
                     return Action::Keep;
                 }
                 self.state = State::Disarmed {
@@ -217,6 +231,20 @@ impl Disarm {
     }
 }
 
+/// Before anything is measured: a detach and an attach, ns (measured
+/// here: docs/disarming.md).
+pub const PRIOR_DETACH_NS: u64 = 130_000_000;
+pub const PRIOR_ATTACH_NS: u64 = 20_000_000;
+
+/// How long the probes take to go out and come back: the median of the
+/// recent detaches (one trigger's uprobes, ns) plus that of the recent
+/// attaches, each with its prior until measured. A cooldown shorter than
+/// this would bring the probes back late and miss calls it could accept.
+pub fn round_trip_ns(detaches: &[u64], attaches: &[u64]) -> u64 {
+    let median = |v: &[u64]| quantile(v, 0.5);
+    median(detaches).unwrap_or(PRIOR_DETACH_NS) + median(attaches).unwrap_or(PRIOR_ATTACH_NS)
+}
+
 /// How early to ask for an attach: the slowest of the recent attaches
 /// (`recent`, ns), at most half the cooldown; 0 before the first.
 pub fn lead_ns(recent: &[u64], cooldown_ns: u64) -> u64 {
@@ -286,7 +314,9 @@ mod tests {
         assert_eq!(d.on_hit(0, 99 * MS + MS / 2), Action::Keep);
         assert!(!d.is_disarmed());
         assert_eq!(d.on_hit(0, 200 * MS), Action::Keep);
-        assert_eq!(d.stats_at(300 * MS), DisarmStats::default());
+        // The first had half a ms of cooldown left; the second none.
+        let s = d.stats_at(300 * MS);
+        assert_eq!((s.cycles, s.disarmed_ns, s.kept_armed), (0, 0, 1));
     }
 
     #[test]
@@ -346,6 +376,25 @@ mod tests {
         assert_eq!(lead_ns(&[], 100 * MS), 0);
         assert_eq!(lead_ns(&[3 * MS, 12 * MS, 5 * MS], 100 * MS), 12 * MS);
         assert_eq!(lead_ns(&[80 * MS], 100 * MS), 50 * MS);
+    }
+
+    #[test]
+    fn a_cooldown_shorter_than_the_round_trip_keeps_the_probes_in() {
+        let mut d = Disarm::new(100 * MS, MS);
+        d.set_min_gap(round_trip_ns(&[], &[]));
+        assert_eq!(d.on_hit(0, 0), Action::Keep);
+        assert_eq!(d.stats_at(0).kept_armed, 1);
+        d.set_min_gap(round_trip_ns(&[40 * MS, 50 * MS, 300 * MS], &[10 * MS]));
+        assert_eq!(d.on_hit(200 * MS, 200 * MS), Action::Detach);
+        let s = d.stats_at(200 * MS);
+        assert_eq!((s.cycles, s.kept_armed), (1, 1));
+    }
+
+    #[test]
+    fn the_round_trip_is_measured_medians_or_the_priors() {
+        assert_eq!(round_trip_ns(&[], &[]), PRIOR_DETACH_NS + PRIOR_ATTACH_NS);
+        assert_eq!(round_trip_ns(&[5, 7, 900], &[]), 7 + PRIOR_ATTACH_NS);
+        assert_eq!(round_trip_ns(&[5], &[3, 1, 2]), 7);
     }
 
     #[test]

@@ -322,7 +322,8 @@ mod tests {
             unlisted_hits: 0,
             span: None,
         };
-        idx.snapshot(&snap, CounterValues::default(), 0, None).unwrap();
+        idx.snapshot(&snap, CounterValues::default(), 0, None)
+            .unwrap();
         idx.deleted("perf.data.1").unwrap();
         let text = fs::read_to_string(idx.path()).unwrap();
         let lines: Vec<serde_json::Value> = text

@@ -15,7 +15,7 @@ use super::{Driver, Watch};
 use crate::{
     armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
-    disarm::{Action, Disarm, DisarmSummary, lead_ns, quantile},
+    disarm::{Action, Disarm, DisarmSummary, lead_ns, quantile, round_trip_ns},
     error::Failure,
     probe::Returns,
     run::EndReason,
@@ -40,6 +40,8 @@ pub(super) struct Arming {
     attach_ns: Vec<u64>,
     /// Time to detach one uprobe, ns.
     detach_ns: Vec<u64>,
+    /// Time to detach a trigger's uprobes, ns per cycle.
+    detach_batch_ns: Vec<u64>,
     /// Each trigger's counters, for the recorders' index lines.
     pub(super) board: Arc<crate::disarm::Board>,
 }
@@ -98,6 +100,7 @@ impl Arming {
         for m in self.machines.values() {
             let st = m.stats_at(now_ns);
             s.cycles += st.cycles;
+            s.kept_armed += st.kept_armed;
             s.disarmed_s += st.disarmed_ns as f64 / 1e9;
             late.extend(st.rearm_late_ns);
         }
@@ -151,9 +154,15 @@ impl Driver {
             return;
         }
         let now = Now::read().ns;
+        let a = &self.arming;
+        let gap = round_trip_ns(
+            &a.detach_batch_ns[a.detach_batch_ns.len().saturating_sub(RECENT)..],
+            &a.attach_ns[a.attach_ns.len().saturating_sub(RECENT)..],
+        );
         let Some(m) = self.arming.machines.get_mut(&trigger) else {
             return;
         };
+        m.set_min_gap(gap.max(MIN_GAP_NS));
         if m.on_hit(ktime_ns, now) == Action::Detach {
             self.arming.publish(trigger);
             self.send_detach(trigger);
@@ -264,6 +273,9 @@ impl Driver {
                     trigger,
                     per_link_ns,
                 } => {
+                    if !per_link_ns.is_empty() {
+                        self.arming.detach_batch_ns.push(per_link_ns.iter().sum());
+                    }
                     self.arming.detach_ns.extend(per_link_ns);
                     // The code is the target's own again (until the attach).
                     if !self.arming.gone.contains(&trigger)
