@@ -75,17 +75,22 @@ fn bench_quick_runs_every_part() {
         assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
     }
     let storm = r["storm"].as_array().unwrap();
-    for setup in ["mt-agent always-armed", "mt-agent disarming"] {
+    for setup in [
+        "mt-agent always-armed",
+        "mt-agent disarming 100ms",
+        "mt-agent disarming 200ms",
+    ] {
         let agent = storm.iter().find(|s| s["setup"] == setup).unwrap();
         assert_eq!(
             agent["seen"], agent["accounted"],
             "every hit accounted: {agent}"
         );
     }
-    // With disarming, the uprobe was out of the code at least once.
+    // With a 200 ms cooldown (longer than a detach and an attach here), the
+    // uprobe was out of the code at least once.
     let disarming = storm
         .iter()
-        .find(|s| s["setup"] == "mt-agent disarming")
+        .find(|s| s["setup"] == "mt-agent disarming 200ms")
         .unwrap();
     assert!(
         disarming["disarm"]["cycles"].as_u64().unwrap() >= 1,

@@ -829,14 +829,19 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
     let mut _probe = None;
     match setup {
         "none" => {}
-        "mt-agent always-armed" | "mt-agent disarming" => {
+        "mt-agent always-armed" | "mt-agent disarming 100ms" | "mt-agent disarming 200ms" => {
+            let cooldown = if setup.ends_with("200ms") {
+                "200ms"
+            } else {
+                "100ms"
+            };
             let mut args = vec![
                 "--pid",
                 &pid,
                 "--symbol",
                 func,
                 "--cooldown",
-                "100ms",
+                cooldown,
                 "--json",
             ];
             if setup.ends_with("always-armed") {
@@ -957,9 +962,9 @@ fn print_storm_disarming(r: &Value) {
         .find(|w| w["setup"] == "none")
         .and_then(|w| w["calls_per_s"].as_f64());
     println!(
-        "\n| setup | calls/s | ÷ none | accepted hits | re-arm late p50 / p99 (µs) | detach / attach p50 (µs) | agent CPU | hit → kill() p50 / p99 (µs) |"
+        "\n| setup | calls/s | ÷ none | accepted hits | disarm cycles / kept armed | re-arm late p50 / p99 (µs) | detach / attach p50 (µs) | agent CPU | hit → kill() p50 / p99 (µs) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let us = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.0}"));
     for row in &rows {
         let ratio = match (row["calls_per_s"].as_f64(), none) {
@@ -969,10 +974,12 @@ fn print_storm_disarming(r: &Value) {
         let d = &row["disarm"];
         let h = &row["hit_to_kill_us"];
         println!(
-            "| {} | {} | {ratio} | {} | {} / {} | {} / {} | {} | {} / {} |",
+            "| {} | {} | {ratio} | {} | {} / {} | {} / {} | {} / {} | {} | {} / {} |",
             row["setup"].as_str().unwrap_or(""),
             f(&row["calls_per_s"]),
             row["accepted"].to_string().replace("null", "-"),
+            d["cycles"].to_string().replace("null", "-"),
+            d["kept_armed"].to_string().replace("null", "-"),
             us(&d["rearm_late_us_p50"]),
             us(&d["rearm_late_us_p99"]),
             us(&d["detach_us_p50"]),
@@ -1001,7 +1008,8 @@ fn storm(plan: &Plan) -> Value {
         [
             "none",
             "mt-agent always-armed",
-            "mt-agent disarming",
+            "mt-agent disarming 100ms",
+            "mt-agent disarming 200ms",
             "perf-event",
         ]
         .iter()
