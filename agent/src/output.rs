@@ -402,6 +402,13 @@ impl Reporter {
                 late(d.rearm_late_us_p99)
             ));
         }
+        if d.kept_armed > 0 {
+            self.print(&format!(
+                "kept armed after {} hits: a detach and an attach take longer than \
+                 what was left of the cooldown",
+                d.kept_armed
+            ));
+        }
         self.print(&format!(
             "ended: {} after {:.1} s{perf}{unsnap}{unrecorded}",
             s.end, s.duration_s
