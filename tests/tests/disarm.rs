@@ -140,6 +140,16 @@ fn probes_leave_and_come_back(target_args: &[&str], agent_args: &[&str]) -> (Tar
     let d = &run.summary().expect("summary")["disarm"];
     assert!(d["cycles"].as_u64().unwrap() >= 1, "{d}");
     assert!(d["disarmed_s"].as_f64().unwrap() > 0.0, "{d}");
+    // The index has the cycle too: started by the time of the hit's line,
+    // ended (with its time) by the tail's.
+    let hit = run.entries("hit")[0];
+    assert_eq!(hit["disarm"]["cycles"], 1, "{hit}");
+    let tail = run.entries("tail")[0];
+    assert!(tail["disarm"]["cycles"].as_u64().unwrap() >= 1, "{tail}");
+    assert!(
+        tail["disarm"]["disarmed_ns"].as_u64().unwrap() > 0,
+        "{tail}"
+    );
     run.assert_index_consistent();
     (t, run)
 }
@@ -190,6 +200,11 @@ fn always_armed_and_cooldown_zero_never_disarm() {
         assert_eq!(s["counters"]["seen"], 2000, "{extra:?}: {s}");
         assert_eq!(s["disarm"]["cycles"], 0, "{extra:?}: {s}");
         assert!(!run.stdout.iter().any(|l| l.contains("\"disarmed\"")));
+        assert!(
+            run.index.iter().all(|e| e.get("disarm").is_none()),
+            "{extra:?}: {:?}",
+            run.index
+        );
     }
 }
 
