@@ -417,6 +417,24 @@ mod tests {
         let path = config_file(&dir, "[[trigger]]\npid = 1\nsymbol = \"f\"\n");
         let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(p.triggers[0].filters.cooldown, Duration::from_millis(100));
+        assert!(!p.triggers[0].always_armed);
+        // --always-armed, from either source.
+        let path = config_file(
+            &dir,
+            "[[trigger]]\npid = 1\nsymbol = \"f\"\nalways_armed = true\n",
+        );
+        let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
+        assert!(p.triggers[0].always_armed);
+        let p = plan(&run_args(&[
+            "mt-agent",
+            "--pid",
+            "1",
+            "-s",
+            "f",
+            "--always-armed",
+        ]))
+        .unwrap();
+        assert!(p.triggers[0].always_armed);
     }
 
     #[test]
