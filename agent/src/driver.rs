@@ -254,12 +254,13 @@ impl Driver {
         }
         // perf inherits these across execve when we run with capabilities.
         caps::raise_ambient();
-        let arming = disarming::Arming::new(
+        let mut arming = disarming::Arming::new(
             setup
                 .triggers
                 .iter()
                 .filter_map(|t| Some((t.index, t.disarm?))),
         );
+        arming.start(&wake, &setup.reporter);
         Ok(Self {
             setup,
             events,

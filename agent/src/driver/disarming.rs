@@ -11,12 +11,15 @@ use std::{
     time::Duration,
 };
 
+use nix::sys::eventfd::EventFd;
+
 use super::{Driver, Watch};
 use crate::{
     armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
     disarm::{Action, Disarm, DisarmSummary, lead_ns, quantile, round_trip_ns},
     error::Failure,
+    output::Reporter,
     probe::Returns,
     run::EndReason,
 };
@@ -68,6 +71,26 @@ impl Arming {
             arming.publish(*t);
         }
         arming
+    }
+
+    /// Starts the arming thread if a trigger may disarm, so that no hit
+    /// waits for a thread to start.
+    pub(super) fn start(&mut self, wake: &Arc<EventFd>, reporter: &Reporter) {
+        if self.machines.is_empty() || self.armer.is_some() {
+            return;
+        }
+        match Armer::spawn(wake.clone()) {
+            Ok(a) => self.armer = Some(a),
+            Err(e) => {
+                reporter.warning(&format!(
+                    "cannot start the arming thread ({e}): the probes stay in during cooldowns"
+                ));
+                let triggers: Vec<u32> = self.machines.keys().copied().collect();
+                for t in triggers {
+                    self.forget(t);
+                }
+            }
+        }
     }
 
     /// Publishes a trigger's counters for the index.
@@ -171,16 +194,9 @@ impl Driver {
 
     fn send_detach(&mut self, trigger: u32) {
         if self.arming.armer.is_none() {
-            match Armer::spawn(self.wake.clone()) {
-                Ok(a) => self.arming.armer = Some(a),
-                Err(e) => {
-                    self.setup
-                        .reporter
-                        .warning(&format!("cannot start the arming thread: {e}"));
-                    self.arming.forget(trigger);
-                    return;
-                }
-            }
+            // It failed to start (warned): keep the probes in.
+            self.arming.forget(trigger);
+            return;
         }
         // The first time, the links aya made; later, the thread's own.
         let links = self
