@@ -262,6 +262,13 @@ pub struct TriggerOptions {
     #[serde(default)]
     pub use_uretprobe: bool,
 
+    /// Keep the uprobes attached during cooldowns, so that `seen` counts
+    /// every call. By default a `--pid` trigger's uprobes are detached from
+    /// an accepted hit until its cooldown ends.
+    #[arg(long)]
+    #[serde(default)]
+    pub always_armed: bool,
+
     /// Accept one hit in N (after the tid, when and duration filters).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub every: Option<u64>,

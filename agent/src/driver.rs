@@ -50,6 +50,8 @@ use crate::{
     target,
 };
 
+mod disarming;
+
 /// How many generations up a forked process's recorded ancestor is looked
 /// for (a pre-fork server's workers are its children or grandchildren).
 const MAX_FOLLOW_DEPTH: usize = 8;
@@ -77,6 +79,9 @@ pub struct TriggerSetup {
     pub out: PathBuf,
     /// For the `armed` event.
     pub armed: Armed,
+    /// Detach the probes during this cooldown after each accepted hit
+    /// (`--pid` with a cooldown, without `--always-armed`).
+    pub disarm: Option<Duration>,
 }
 
 /// From the main thread to the driver.
@@ -239,6 +244,7 @@ struct Driver {
     finished: Vec<RecorderOutcome>,
     unrecorded: u64,
     extra: u64,
+    arming: disarming::Arming,
 }
 
 impl Driver {
@@ -255,6 +261,13 @@ impl Driver {
         }
         // perf inherits these across execve when we run with capabilities.
         caps::raise_ambient();
+        let mut arming = disarming::Arming::new(
+            setup
+                .triggers
+                .iter()
+                .filter_map(|t| Some((t.index, t.disarm?))),
+        );
+        arming.start(&wake, &setup.reporter);
         Ok(Self {
             setup,
             events,
@@ -278,6 +291,7 @@ impl Driver {
             finished: Vec::new(),
             unrecorded: 0,
             extra: 0,
+            arming,
         })
     }
 
@@ -438,11 +452,16 @@ impl Driver {
         if let Some(p) = self.probes.as_mut() {
             p.detach_trigger(trigger);
         }
+        self.arming.forget(trigger);
     }
 
     fn detach_all(&mut self) {
         if let Some(p) = self.probes.as_mut() {
             p.detach_all();
+        }
+        let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
+        for t in triggers {
+            self.arming.forget(t);
         }
     }
 
@@ -469,6 +488,7 @@ impl Driver {
                 reporter: self.setup.reporter.clone(),
                 counters: self.counters.clone(),
                 keeper: self.setup.keeper.clone(),
+                disarm: self.arming.board.clone(),
             },
         )?;
         let slot = self
@@ -590,6 +610,9 @@ impl Driver {
         {
             next = next.min(armed + delay);
         }
+        if let Some(at) = self.arming.next_rearm() {
+            next = next.min(now.at + Duration::from_nanos(at.saturating_sub(now.ns)));
+        }
         let wait = next.saturating_duration_since(now.at);
         // Round up to whole ms so a deadline is never missed by a hair.
         let ms = wait.as_nanos().div_ceil(1_000_000) as u64;
@@ -604,6 +627,7 @@ impl Driver {
         {
             self.watch_ring();
         }
+        self.rearm_due();
         for slot in 0..self.slots.len() {
             if let Some(r) = &mut self.slots[slot]
                 && r.tick(now).limit_reached
@@ -791,6 +815,8 @@ impl Driver {
                     self.maybe_track(hit.tgid as i32);
                 }
             }
+            // perf has its signal: now the probes may go.
+            self.disarm_after_hit(hit.trigger, hit.ktime_ns);
         }
     }
 
@@ -916,6 +942,7 @@ impl Driver {
 
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
+        self.arming.finish();
         self.settle_counters();
         let mut counters = CounterValues::default();
         let mut open_calls = 0;
@@ -954,6 +981,7 @@ impl Driver {
             recorders: self.finished.iter().map(RecorderSummary::from).collect(),
             unrecorded_hits: self.unrecorded,
             extra_processes: self.extra,
+            disarm: self.arming.summary(crate::clock::monotonic_ns()),
         }
     }
 }

@@ -202,6 +202,10 @@ pub struct Entry<'a> {
     pub counters: CounterValues,
     /// Hits merged into snapshots so far.
     pub merged: u64,
+    /// The trigger's disarming so far (README, "Disarming during a
+    /// cooldown"); absent for a trigger that never disarms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disarm: Option<crate::disarm::DisarmCounters>,
 }
 
 impl Index {
@@ -226,11 +230,13 @@ impl Index {
         snapshot: &Snapshot,
         counters: CounterValues,
         merged: u64,
+        disarm: Option<crate::disarm::DisarmCounters>,
     ) -> io::Result<()> {
         self.line(&Entry {
             snapshot,
             counters,
             merged,
+            disarm,
         })
     }
 
@@ -316,7 +322,8 @@ mod tests {
             unlisted_hits: 0,
             span: None,
         };
-        idx.snapshot(&snap, CounterValues::default(), 0).unwrap();
+        idx.snapshot(&snap, CounterValues::default(), 0, None)
+            .unwrap();
         idx.deleted("perf.data.1").unwrap();
         let text = fs::read_to_string(idx.path()).unwrap();
         let lines: Vec<serde_json::Value> = text

@@ -27,6 +27,7 @@
 //! * [`unwind`]: frame pointers or DWARF: how perf unwinds stacks.
 //! * [`report`]: `mt-agent report`, a run's moments as flame graphs.
 
+mod armer;
 mod budget;
 mod caps;
 mod check;
@@ -35,6 +36,7 @@ mod clock;
 mod conditions;
 mod config;
 mod counters;
+mod disarm;
 mod disk_budget;
 mod driver;
 mod end;
@@ -46,6 +48,7 @@ mod perf;
 mod perf_data;
 mod plan;
 mod probe;
+mod rawprobe;
 mod recorder;
 mod report;
 mod run;

@@ -114,6 +114,8 @@ pub struct Summary {
     pub unrecorded_hits: u64,
     /// Processes of an `--exe` beyond `--max-targets`, not recorded.
     pub extra_processes: u64,
+    /// Probes detached during cooldowns (README, "Disarming").
+    pub disarm: crate::disarm::DisarmSummary,
 }
 
 /// Prints events.
@@ -246,6 +248,37 @@ impl Reporter {
                 "pid {pid}: recording {state}, into {}",
                 output.display()
             )),
+        }
+    }
+
+    /// `disarmed`: a trigger's uprobes are detached until about `rearm_ns`
+    /// (CLOCK_MONOTONIC), the end of its cooldown. Printed in JSON mode, and
+    /// at -v in text mode.
+    pub fn disarmed(&self, trigger: u32, rearm_ns: u64) {
+        if self.json {
+            return self.print_json(
+                json!({"event": "disarmed", "trigger": trigger, "rearm_ns": rearm_ns}),
+            );
+        }
+        if self.verbose {
+            self.print(&format!(
+                "trigger {trigger} disarmed until its cooldown ends"
+            ));
+        }
+    }
+
+    /// `rearmed`: a trigger's uprobes are attached again, `late_ns` after
+    /// its cooldown ended. Printed in JSON mode, and at -v in text mode.
+    pub fn rearmed(&self, trigger: u32, late_ns: u64) {
+        if self.json {
+            return self
+                .print_json(json!({"event": "rearmed", "trigger": trigger, "late_ns": late_ns}));
+        }
+        if self.verbose {
+            self.print(&format!(
+                "trigger {trigger} re-armed {:.0} µs after its cooldown ended",
+                late_ns as f64 / 1000.0
+            ));
         }
     }
 
@@ -384,6 +417,24 @@ impl Reporter {
         } else {
             String::new()
         };
+        let d = &s.disarm;
+        if d.cycles > 0 {
+            let late = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+            self.print(&format!(
+                "disarmed: {} times, {:.2} s in all; re-armed late by {}/{} µs (p50/p99)",
+                d.cycles,
+                d.disarmed_s,
+                late(d.rearm_late_us_p50),
+                late(d.rearm_late_us_p99)
+            ));
+        }
+        if d.kept_armed > 0 {
+            self.print(&format!(
+                "kept armed after {} hits: a detach and an attach take longer than \
+                 what was left of the cooldown",
+                d.kept_armed
+            ));
+        }
         self.print(&format!(
             "ended: {} after {:.1} s{perf}{unsnap}{unrecorded}",
             s.end, s.duration_s

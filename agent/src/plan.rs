@@ -44,6 +44,8 @@ pub struct TriggerPlan {
     pub wait_for_symbol: Option<Duration>,
     pub filters: Filters,
     pub use_uretprobe: bool,
+    /// `--always-armed`: never detach the uprobes during a cooldown.
+    pub always_armed: bool,
     pub after: Option<Duration>,
     pub max_snapshots: Option<u64>,
 }
@@ -310,6 +312,7 @@ fn trigger_plan(o: &TriggerOptions, name: String) -> Result<TriggerPlan, Failure
                 .expect("the default cooldown parses"),
         },
         use_uretprobe: o.use_uretprobe,
+        always_armed: o.always_armed,
         after: duration("after", &o.after)?,
         max_snapshots: o.max_snapshots,
     })
@@ -414,6 +417,24 @@ mod tests {
         let path = config_file(&dir, "[[trigger]]\npid = 1\nsymbol = \"f\"\n");
         let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(p.triggers[0].filters.cooldown, Duration::from_millis(100));
+        assert!(!p.triggers[0].always_armed);
+        // --always-armed, from either source.
+        let path = config_file(
+            &dir,
+            "[[trigger]]\npid = 1\nsymbol = \"f\"\nalways_armed = true\n",
+        );
+        let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
+        assert!(p.triggers[0].always_armed);
+        let p = plan(&run_args(&[
+            "mt-agent",
+            "--pid",
+            "1",
+            "-s",
+            "f",
+            "--always-armed",
+        ]))
+        .unwrap();
+        assert!(p.triggers[0].always_armed);
     }
 
     #[test]

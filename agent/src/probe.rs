@@ -19,7 +19,7 @@ use aya::{
     programs::{
         RawTracePoint, UProbe,
         raw_trace_point::RawTracePointLinkId,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 
@@ -204,6 +204,29 @@ impl Probes {
         }
     }
 
+    /// Takes the links of one trigger out of the programs, without
+    /// detaching them: dropping a link detaches it, which can wait for RCU
+    /// grace periods in the kernel, so the caller drops them on a thread
+    /// that no hit waits for (`armer`).
+    pub fn take_trigger_links(&mut self, trigger: u32) -> Vec<UProbeLink> {
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|(_, t, _)| *t == trigger);
+        self.links = others;
+        let mut taken = Vec::new();
+        for (program, _, link) in mine {
+            if let Some(prog) = self
+                .ebpf
+                .program_mut(program)
+                .and_then(|p| <&mut UProbe>::try_from(p).ok())
+                && let Ok(l) = prog.take_link(link)
+            {
+                taken.push(l);
+            }
+        }
+        taken
+    }
+
     /// Detaches every probe (and the exec tracepoint); the programs stay
     /// loaded until drop.
     pub fn detach_all(&mut self) {
@@ -228,6 +251,14 @@ impl Probes {
         {
             let _ = prog.detach(link);
         }
+    }
+
+    /// A new fd of a loaded uprobe program, for attaching it elsewhere
+    /// (`armer`).
+    pub fn program_fd(&self, program: &str) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        let prog: &UProbe = self.ebpf.program(program)?.try_into().ok()?;
+        prog.fd().ok()?.as_fd().try_clone_to_owned().ok()
     }
 
     /// Number of uprobes attached for a trigger.

@@ -271,6 +271,7 @@ pub struct Recorder {
     keeper: Option<Arc<Mutex<Keeper>>>,
     /// How perf keeps samples.
     spec_recording: Recording,
+    disarm: Arc<crate::disarm::Board>,
 }
 
 /// What every recorder of a run shares.
@@ -281,6 +282,8 @@ pub struct Shared {
     pub counters: Arc<OnceLock<Counters>>,
     /// `--max-disk`.
     pub keeper: Option<Arc<Mutex<Keeper>>>,
+    /// Each trigger's disarming so far, for the index.
+    pub disarm: Arc<crate::disarm::Board>,
 }
 
 impl Recorder {
@@ -300,6 +303,7 @@ impl Recorder {
             reporter,
             counters,
             keeper,
+            disarm,
         } = shared;
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
@@ -345,6 +349,7 @@ impl Recorder {
             next_sample: spawned + SAMPLE_EVERY,
             keeper,
             spec_recording: spec.recording,
+            disarm,
         })
     }
 
@@ -367,6 +372,11 @@ impl Recorder {
     /// (before, a SIGUSR2 would be ignored by perf).
     pub fn ready(&self) -> bool {
         self.phase.perf_was_ready()
+    }
+
+    /// Whether perf is ready and the recorder is not stopping.
+    pub fn recording(&self) -> bool {
+        matches!(self.phase, Phase::Recording)
     }
 
     /// Whether perf has exited (the recorder can be finished).
@@ -636,7 +646,13 @@ impl Recorder {
         let merged = self.machine.stats().merged;
         snap.span = read_span(&path);
         mark_calls_before(&mut snap);
-        if let Err(e) = self.index.snapshot(&snap, counters, merged) {
+        let disarm = self
+            .disarm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&self.trigger)
+            .copied();
+        if let Err(e) = self.index.snapshot(&snap, counters, merged, disarm) {
             self.index_failed(e, now);
         }
         self.output.keep();

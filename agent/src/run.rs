@@ -77,6 +77,8 @@ pub struct Outcome {
     pub unrecorded_hits: u64,
     /// Matching processes beyond `--max-targets`.
     pub extra_processes: u64,
+    /// Detaching probes during cooldowns.
+    pub disarm: crate::disarm::DisarmSummary,
 }
 
 impl Outcome {
@@ -93,6 +95,7 @@ impl Outcome {
             recorders: Vec::new(),
             unrecorded_hits: 0,
             extra_processes: 0,
+            disarm: Default::default(),
         }
     }
 }

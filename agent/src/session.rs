@@ -357,6 +357,10 @@ fn trigger_setups(
                 max_snapshots: t.max_snapshots,
             },
             out,
+            // One probe serves every process of an --exe, each with its own
+            // cooldown: detaching it would miss the others' hits.
+            disarm: (pid.is_some() && !t.always_armed && !t.filters.cooldown.is_zero())
+                .then_some(t.filters.cooldown),
             watch: r.watch,
         });
     }
@@ -492,6 +496,7 @@ fn summarise(
         },
         unrecorded_hits: outcome.unrecorded_hits,
         extra_processes: outcome.extra_processes,
+        disarm: outcome.disarm,
     });
     code
 }

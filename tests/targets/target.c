@@ -13,6 +13,7 @@
  *   target slow N                f_slow(i) for i in 0..N; i in {10,20,30} sleep SLOW_MS (50 ms)
  *   target slowrec N             the same through a recursive f_rec
  *   target slowthreads T N       slow on T threads at once
+ *   target slowwait N            slow N, then waits until killed
  *   target after                 f_after burns 30 ms of CPU after entry
  *   target fork                  a forked child calls trigger 5 times; the parent does not
  *   target exec PATH...          execs PATH after the go signal
@@ -246,6 +247,9 @@ int main(int argc, char **argv) {
     for (long i = 0; i < a; i++) f_slow(i);
   } else if (!strcmp(mode, "slowrec")) {
     for (long i = 0; i < a; i++) f_rec(i, 3);
+  } else if (!strcmp(mode, "slowwait")) {
+    for (long i = 0; i < a; i++) f_slow(i);
+    for (;;) pause();
   } else if (!strcmp(mode, "slowthreads")) {
     pthread_t t[64];
     g_n = b;

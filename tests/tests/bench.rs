@@ -80,10 +80,26 @@ fn bench_quick_runs_every_part() {
         assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
     }
     let storm = r["storm"].as_array().unwrap();
-    let agent = storm.iter().find(|s| s["setup"] == "mt-agent").unwrap();
-    assert_eq!(
-        agent["seen"], agent["accounted"],
-        "every hit accounted: {agent}"
+    for setup in [
+        "mt-agent always-armed",
+        "mt-agent disarming 100ms",
+        "mt-agent disarming 200ms",
+    ] {
+        let agent = storm.iter().find(|s| s["setup"] == setup).unwrap();
+        assert_eq!(
+            agent["seen"], agent["accounted"],
+            "every hit accounted: {agent}"
+        );
+    }
+    // With a 200 ms cooldown (longer than a detach and an attach here), the
+    // uprobe was out of the code at least once.
+    let disarming = storm
+        .iter()
+        .find(|s| s["setup"] == "mt-agent disarming 200ms")
+        .unwrap();
+    assert!(
+        disarming["disarm"]["cycles"].as_u64().unwrap() >= 1,
+        "{disarming}"
     );
     assert!(r["time_to_armed"]["median"].as_f64().is_some());
     // Both recording modes were measured, each with a figure for the disk.

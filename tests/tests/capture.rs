@@ -68,6 +68,8 @@ fn cooldown_drops_in_the_kernel_and_counts_add_up() {
         "trigger",
         "--cooldown",
         "200ms",
+        // Every call seen: the probe stays in during cooldowns.
+        "--always-armed",
         "--json",
     ]);
     agent.wait_armed();
@@ -206,6 +208,8 @@ fn json_events_are_one_object_per_line() {
             [
                 "armed",
                 "hit_accepted",
+                "disarmed",
+                "rearmed",
                 "snapshot",
                 "warning",
                 "summary",
@@ -253,6 +257,7 @@ fn json_events_are_one_object_per_line() {
         "agent_peak_rss_kib",
         "duration_s",
         "output",
+        "disarm",
     ] {
         assert!(!summary[f].is_null(), "summary lacks {f}: {summary}");
     }

@@ -22,6 +22,7 @@ const E2E: &[&str] = &[
     "symbols",
     "conditions",
     "faults",
+    "disarm",
     "fleet",
     "recording",
     "unwind",

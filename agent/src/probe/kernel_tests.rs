@@ -543,3 +543,54 @@ fn slower_than_accepts_the_slow_calls_at_their_return() {
         assert_eq!(h.retval, 2 * h.args[1], "the return value (RAX): {h:?}");
     }
 }
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn taken_links_detach_on_drop_and_a_raw_attach_counts_for_its_cookie() {
+    let _one = serial();
+    // Two triggers, so the program reads the attach cookie.
+    let mut t = Traced::new(
+        &[
+            (mt_kernel_test_first, Filters::default()),
+            (mt_kernel_test_second, Filters::default()),
+        ],
+        DEFAULT_RING_BYTES,
+        false,
+    );
+    call(mt_kernel_test_second, 1, 0, 0);
+    // Disarm trigger 1 the way the driver does: take its links, drop them.
+    let links = t.probes.take_trigger_links(1);
+    assert_eq!(links.len(), 1);
+    assert_eq!(t.probes.attached_for(1), 0);
+    drop(links);
+    call(mt_kernel_test_second, 2, 0, 0);
+    assert_eq!(t.counts(1).seen, 1, "a call while disarmed was seen");
+    // Re-arm it the way the arming thread does.
+    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
+    let (path, offset) = location(mt_kernel_test_second);
+    let pid = std::process::id() as i32;
+    let link = crate::rawprobe::attach(
+        std::os::fd::AsFd::as_fd(&prog),
+        &path,
+        offset,
+        false,
+        pid,
+        1,
+    )
+    .unwrap_or_else(|e| panic!("raw attach: {e} ({ROOT})"));
+    for i in 3..6 {
+        call(mt_kernel_test_second, i, 0, 0);
+    }
+    drop(link);
+    call(mt_kernel_test_second, 6, 0, 0);
+    let c = t.counts(1);
+    assert_eq!((c.seen, c.accepted), (4, 4), "{c:?}");
+    assert_eq!(t.counts(0).seen, 0);
+    let args: Vec<u64> = t
+        .hits()
+        .iter()
+        .filter(|h| h.trigger == 1)
+        .map(|h| h.args[0])
+        .collect();
+    assert_eq!(args, vec![1, 3, 4, 5]);
+}

@@ -531,7 +531,18 @@ fn bench_run(
             // The warm-up call takes the one snapshot; the cooldown keeps
             // perf's file switches out of the timed loops.
             let extra = condition_args(setup, pid);
-            let mut args = vec!["--pid", &p, "--symbol", func, "--cooldown", "60s", "--json"];
+            // --always-armed: the uprobe stays in for the timed loops (this
+            // table is the cost of an armed probe).
+            let mut args = vec![
+                "--pid",
+                &p,
+                "--symbol",
+                func,
+                "--cooldown",
+                "60s",
+                "--always-armed",
+                "--json",
+            ];
             args.extend(extra.iter().map(String::as_str));
             let mut a = Agent::start(&args);
             a.wait_armed();
@@ -740,6 +751,8 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
             func,
             "--cooldown",
             "50ms",
+            // Every stamp is seen: no call falls in a disarmed cooldown.
+            "--always-armed",
             "--output",
         ];
         let o = out.display().to_string();
@@ -826,8 +839,25 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
     let mut _probe = None;
     match setup {
         "none" => {}
-        "mt-agent" => {
-            let mut a = Agent::start(&["--pid", &pid, "--symbol", func, "--json"]);
+        "mt-agent always-armed" | "mt-agent disarming 100ms" | "mt-agent disarming 200ms" => {
+            let cooldown = if setup.ends_with("200ms") {
+                "200ms"
+            } else {
+                "100ms"
+            };
+            let mut args = vec![
+                "--pid",
+                &pid,
+                "--symbol",
+                func,
+                "--cooldown",
+                cooldown,
+                "--json",
+            ];
+            if setup.ends_with("always-armed") {
+                args.push("--always-armed");
+            }
+            let mut a = Agent::start(&args);
             a.wait_armed();
             agent = Some(a);
         }
@@ -896,6 +926,15 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
         v["agent_rss_kib_during"] = json!(rss_kib.iter().max());
         v["perf_cpu_s"] = s["perf_cpu_s"].clone();
         v["disk_bytes"] = json!(dir_bytes(&run.out));
+        let hit_to_kill: Vec<f64> = run
+            .entries("hit")
+            .iter()
+            .filter_map(|e| e["hit_to_kill_ns"].as_u64())
+            .map(|ns| ns as f64 / 1e3)
+            .collect();
+        v["hit_to_kill_us"] = pcts(hit_to_kill);
+        v["disarm"] = s["disarm"].clone();
+        v["accepted"] = c["accepted"].clone();
     }
     if let Some(p) = perf {
         let (lines, cpu, dir) = p.finish();
@@ -924,6 +963,46 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
     v
 }
 
+/// The storm's second table: speed against none, and what disarming costs
+/// and saves (`--cooldown 100ms`).
+fn print_storm_disarming(r: &Value) {
+    let rows = r["storm"].as_array().cloned().unwrap_or_default();
+    let none = rows
+        .iter()
+        .find(|w| w["setup"] == "none")
+        .and_then(|w| w["calls_per_s"].as_f64());
+    println!(
+        "\n| setup | calls/s | ÷ none | accepted hits | disarm cycles / kept armed | re-arm late p50 / p99 (µs) | detach / attach p50 (µs) | agent CPU | hit → kill() p50 / p99 (µs) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let us = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.0}"));
+    for row in &rows {
+        let ratio = match (row["calls_per_s"].as_f64(), none) {
+            (Some(c), Some(n)) if n > 0.0 => format!("{:.2}%", 100.0 * c / n),
+            _ => "-".into(),
+        };
+        let d = &row["disarm"];
+        let h = &row["hit_to_kill_us"];
+        println!(
+            "| {} | {} | {ratio} | {} | {} / {} | {} / {} | {} / {} | {} | {} / {} |",
+            row["setup"].as_str().unwrap_or(""),
+            f(&row["calls_per_s"]),
+            row["accepted"].to_string().replace("null", "-"),
+            d["cycles"].to_string().replace("null", "-"),
+            d["kept_armed"].to_string().replace("null", "-"),
+            us(&d["rearm_late_us_p50"]),
+            us(&d["rearm_late_us_p99"]),
+            us(&d["detach_us_p50"]),
+            us(&d["attach_us_p50"]),
+            row["agent_storm_cpu_percent"]
+                .as_f64()
+                .map_or("-".into(), |p| format!("{p:.2}% of a core")),
+            us(&h["p50"]),
+            us(&h["p99"]),
+        );
+    }
+}
+
 fn dir_bytes(d: &Path) -> u64 {
     fs::read_dir(d)
         .into_iter()
@@ -936,10 +1015,16 @@ fn dir_bytes(d: &Path) -> u64 {
 
 fn storm(plan: &Plan) -> Value {
     Value::Array(
-        ["none", "mt-agent", "perf-event"]
-            .iter()
-            .map(|s| storm_run(plan, s))
-            .collect(),
+        [
+            "none",
+            "mt-agent always-armed",
+            "mt-agent disarming 100ms",
+            "mt-agent disarming 200ms",
+            "perf-event",
+        ]
+        .iter()
+        .map(|s| storm_run(plan, s))
+        .collect(),
     )
 }
 
@@ -1208,6 +1293,7 @@ fn print_tables(r: &Value) {
                 .map_or("-".into(), |b| (b / 1024).to_string())
         );
     }
+    print_storm_disarming(r);
     println!(
         "\n### Waiting: a busy 2-thread target that never hits ({:.0} s per mode)\n",
         r["waiting"][0]["waited_s"].as_f64().unwrap_or(0.0)

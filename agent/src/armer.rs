@@ -1,0 +1,183 @@
+//! The arming thread: detaches and attaches a disarmed trigger's uprobes,
+//! so that the driver thread never waits for either.
+//!
+//! Closing a uprobe's perf event unregisters it, and the kernel then waits
+//! for RCU grace periods (`uprobe_unregister_sync()` in
+//! kernel/events/uprobes.c); installing or removing the breakpoints takes
+//! `dup_mmap_sem` for writing, a per-CPU rwsem whose writers wait for a
+//! grace period too (`register_for_each_vma()`). Both run under the
+//! kernel's `event_mutex` (kernel/trace/trace_event_perf.c). Measured here:
+//! docs/disarming.md. So the driver hands the work to this thread and
+//! hears back through a channel and its wake eventfd.
+//!
+//! The first detach of a trigger drops the links aya attached (taken out
+//! of the programs); later attaches are made here ([`crate::rawprobe`])
+//! and their links are kept here until the next detach.
+
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd, OwnedFd},
+    path::PathBuf,
+    sync::{Arc, mpsc},
+    thread::JoinHandle,
+    time::Instant,
+};
+
+use aya::programs::uprobe::UProbeLink;
+use nix::sys::eventfd::EventFd;
+
+use crate::rawprobe::{self, RawLink};
+
+/// One uprobe to attach.
+pub struct Point {
+    /// The loaded program (`mt_entry`, `mt_return`, `mt_uretprobe`).
+    pub prog: Arc<OwnedFd>,
+    pub offset: u64,
+    /// A uretprobe.
+    pub ret: bool,
+}
+
+/// A trigger's uprobes, as the arming thread attaches them.
+pub struct ArmPlan {
+    pub trigger: u32,
+    pub path: PathBuf,
+    pub pid: i32,
+    pub points: Vec<Point>,
+}
+
+enum Work {
+    /// Detach these links and the thread's own for the trigger.
+    Detach(u32, Vec<UProbeLink>),
+    Attach(ArmPlan),
+}
+
+/// What the thread did.
+#[derive(Debug)]
+pub enum Done {
+    /// A trigger's links were detached; time per uprobe, ns.
+    Detached { trigger: u32, per_link_ns: Vec<u64> },
+    /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
+    /// `at_ns`, after `took_ns`.
+    Attached {
+        trigger: u32,
+        result: Result<(), String>,
+        at_ns: u64,
+        took_ns: u64,
+    },
+}
+
+/// The driver's handle on the thread.
+pub struct Armer {
+    tx: Option<mpsc::Sender<Work>>,
+    pub rx: mpsc::Receiver<Done>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Armer {
+    /// Starts the thread; it writes `wake` after each piece of work.
+    pub fn spawn(wake: Arc<EventFd>) -> std::io::Result<Self> {
+        let (tx, work) = mpsc::channel::<Work>();
+        let (done, rx) = mpsc::channel::<Done>();
+        let thread = std::thread::Builder::new()
+            .name("mt-armer".into())
+            .spawn(move || {
+                let mut own: HashMap<u32, Vec<RawLink>> = HashMap::new();
+                for w in work {
+                    let d = match w {
+                        Work::Detach(trigger, links) => {
+                            detach(trigger, links, own.remove(&trigger).unwrap_or_default())
+                        }
+                        Work::Attach(plan) => attach(plan, &mut own),
+                    };
+                    let _ = done.send(d);
+                    let _ = wake.write(1);
+                }
+            })?;
+        Ok(Self {
+            tx: Some(tx),
+            rx,
+            thread: Some(thread),
+        })
+    }
+
+    /// Detaches a trigger's uprobes: the given links and those this thread
+    /// attached. Never blocks.
+    pub fn detach(&self, trigger: u32, links: Vec<UProbeLink>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Detach(trigger, links));
+        }
+    }
+
+    /// Attaches a trigger's uprobes again. Never blocks.
+    pub fn attach(&self, plan: ArmPlan) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Attach(plan));
+        }
+    }
+
+    /// Detaches everything this thread holds and waits for it.
+    pub fn finish(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Armer {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
+    let mut per_link_ns = Vec::new();
+    for link in links {
+        let t = Instant::now();
+        drop(link);
+        per_link_ns.push(t.elapsed().as_nanos() as u64);
+    }
+    for link in own {
+        let t = Instant::now();
+        drop(link);
+        per_link_ns.push(t.elapsed().as_nanos() as u64);
+    }
+    Done::Detached {
+        trigger,
+        per_link_ns,
+    }
+}
+
+fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {
+    let t = Instant::now();
+    let mut links = Vec::new();
+    let mut result = Ok(());
+    for p in &plan.points {
+        match rawprobe::attach(
+            p.prog.as_fd(),
+            &plan.path,
+            p.offset,
+            p.ret,
+            plan.pid,
+            u64::from(plan.trigger),
+        ) {
+            Ok(l) => links.push(l),
+            Err(e) => {
+                result = Err(format!(
+                    "attaching a uprobe to {}+{:#x}: {e}",
+                    plan.path.display(),
+                    p.offset
+                ));
+                links.clear();
+                break;
+            }
+        }
+    }
+    own.entry(plan.trigger).or_default().extend(links);
+    Done::Attached {
+        trigger: plan.trigger,
+        result,
+        at_ns: crate::clock::monotonic_ns(),
+        took_ns: t.elapsed().as_nanos() as u64,
+    }
+}

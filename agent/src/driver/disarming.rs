@@ -1,0 +1,357 @@
+//! The driver's side of disarming ([`crate::disarm`]): after an accepted
+//! hit's `kill(perf)`, a `--pid` trigger with a cooldown has its uprobes
+//! detached by the arming thread ([`crate::armer`]), and attached again by
+//! it when the cooldown ends. The driver only sends work and reads results:
+//! it never waits for the kernel's grace periods.
+
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
+    sync::Arc,
+    time::Duration,
+};
+
+use nix::sys::eventfd::EventFd;
+
+use super::{Driver, Watch};
+use crate::{
+    armer::{ArmPlan, Armer, Done, Point},
+    clock::Now,
+    disarm::{Action, Disarm, DisarmSummary, lead_ns, quantile, round_trip_ns},
+    error::Failure,
+    output::Reporter,
+    probe::Returns,
+    run::EndReason,
+};
+
+/// Don't disarm for less than this: a detach and an attach cost more than
+/// the traps of a few milliseconds saved (docs/disarming.md).
+const MIN_GAP_NS: u64 = 5_000_000;
+/// How many recent attach times set the lead.
+const RECENT: usize = 8;
+
+/// The disarm state of a run's triggers.
+#[derive(Default)]
+pub(super) struct Arming {
+    machines: HashMap<u32, Disarm>,
+    cooldowns: HashMap<u32, u64>,
+    /// Triggers detached for good (their recording ended).
+    gone: HashSet<u32>,
+    armer: Option<Armer>,
+    programs: HashMap<&'static str, Arc<OwnedFd>>,
+    /// Time to attach a trigger's uprobes again, ns per re-arm.
+    attach_ns: Vec<u64>,
+    /// Time to detach one uprobe, ns.
+    detach_ns: Vec<u64>,
+    /// Time to detach a trigger's uprobes, ns per cycle.
+    detach_batch_ns: Vec<u64>,
+    /// Each trigger's counters, for the recorders' index lines.
+    pub(super) board: Arc<crate::disarm::Board>,
+}
+
+fn us(v: Option<u64>) -> Option<f64> {
+    v.map(|ns| ns as f64 / 1000.0)
+}
+
+impl Arming {
+    /// Machines for the triggers that disarm.
+    pub(super) fn new(cooldowns: impl Iterator<Item = (u32, Duration)>) -> Self {
+        let cooldowns: HashMap<u32, u64> =
+            cooldowns.map(|(t, c)| (t, c.as_nanos() as u64)).collect();
+        let machines = cooldowns
+            .iter()
+            .map(|(t, c)| (*t, Disarm::new(*c, MIN_GAP_NS)))
+            .collect();
+        let arming = Self {
+            machines,
+            cooldowns,
+            ..Self::default()
+        };
+        for t in arming.machines.keys() {
+            arming.publish(*t);
+        }
+        arming
+    }
+
+    /// Starts the arming thread if a trigger may disarm, so that no hit
+    /// waits for a thread to start.
+    pub(super) fn start(&mut self, wake: &Arc<EventFd>, reporter: &Reporter) {
+        if self.machines.is_empty() || self.armer.is_some() {
+            return;
+        }
+        match Armer::spawn(wake.clone()) {
+            Ok(a) => self.armer = Some(a),
+            Err(e) => {
+                reporter.warning(&format!(
+                    "cannot start the arming thread ({e}): the probes stay in during cooldowns"
+                ));
+                let triggers: Vec<u32> = self.machines.keys().copied().collect();
+                for t in triggers {
+                    self.forget(t);
+                }
+            }
+        }
+    }
+
+    /// Publishes a trigger's counters for the index.
+    fn publish(&self, trigger: u32) {
+        if let Some(m) = self.machines.get(&trigger) {
+            self.board
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(trigger, m.counters());
+        }
+    }
+
+    fn lead(&self, trigger: u32) -> u64 {
+        let recent = &self.attach_ns[self.attach_ns.len().saturating_sub(RECENT)..];
+        lead_ns(recent, self.cooldowns.get(&trigger).copied().unwrap_or(0))
+    }
+
+    /// When the next attach must be asked for, CLOCK_MONOTONIC ns.
+    pub(super) fn next_rearm(&self) -> Option<u64> {
+        self.machines
+            .iter()
+            .filter_map(|(t, m)| m.rearm_at(self.lead(*t)))
+            .min()
+    }
+
+    /// The run's totals at `now_ns`.
+    pub(super) fn summary(&self, now_ns: u64) -> DisarmSummary {
+        let mut s = DisarmSummary::default();
+        let mut late = Vec::new();
+        for m in self.machines.values() {
+            let st = m.stats_at(now_ns);
+            s.cycles += st.cycles;
+            s.kept_armed += st.kept_armed;
+            s.disarmed_s += st.disarmed_ns as f64 / 1e9;
+            late.extend(st.rearm_late_ns);
+        }
+        s.rearm_late_us_p50 = us(quantile(&late, 0.5));
+        s.rearm_late_us_p99 = us(quantile(&late, 0.99));
+        s.detach_us_p50 = us(quantile(&self.detach_ns, 0.5));
+        s.detach_us_p99 = us(quantile(&self.detach_ns, 0.99));
+        s.attach_us_p50 = us(quantile(&self.attach_ns, 0.5));
+        s.attach_us_p99 = us(quantile(&self.attach_ns, 0.99));
+        s
+    }
+
+    /// The trigger's uprobes are detached for good: the arming thread
+    /// drops those it holds.
+    pub(super) fn forget(&mut self, trigger: u32) {
+        if !self.machines.contains_key(&trigger) || !self.gone.insert(trigger) {
+            return;
+        }
+        if let Some(m) = self.machines.get_mut(&trigger) {
+            m.finish(Now::read().ns);
+        }
+        self.publish(trigger);
+        if let Some(a) = &self.armer {
+            a.detach(trigger, Vec::new());
+        }
+    }
+
+    /// Forgets every trigger and waits until the arming thread has
+    /// detached everything it holds.
+    pub(super) fn finish(&mut self) {
+        let triggers: Vec<u32> = self.machines.keys().copied().collect();
+        for t in triggers {
+            self.forget(t);
+        }
+        if let Some(a) = &mut self.armer {
+            a.finish();
+            while let Ok(d) = a.rx.try_recv() {
+                if let Done::Detached { per_link_ns, .. } = d {
+                    self.detach_ns.extend(per_link_ns);
+                }
+            }
+        }
+    }
+}
+
+impl Driver {
+    /// After an accepted hit's `kill(perf)`: disarm its trigger if it
+    /// can't accept a call before its cooldown ends.
+    pub(super) fn disarm_after_hit(&mut self, trigger: u32, ktime_ns: u64) {
+        if self.stopping.is_some() || self.arming.gone.contains(&trigger) {
+            return;
+        }
+        let now = Now::read().ns;
+        let a = &self.arming;
+        let gap = round_trip_ns(
+            &a.detach_batch_ns[a.detach_batch_ns.len().saturating_sub(RECENT)..],
+            &a.attach_ns[a.attach_ns.len().saturating_sub(RECENT)..],
+        );
+        let Some(m) = self.arming.machines.get_mut(&trigger) else {
+            return;
+        };
+        m.set_min_gap(gap.max(MIN_GAP_NS));
+        if m.on_hit(ktime_ns, now) == Action::Detach {
+            self.arming.publish(trigger);
+            self.send_detach(trigger);
+        }
+    }
+
+    fn send_detach(&mut self, trigger: u32) {
+        if self.arming.armer.is_none() {
+            // It failed to start (warned): keep the probes in.
+            self.arming.forget(trigger);
+            return;
+        }
+        // The first time, the links aya made; later, the thread's own.
+        let links = self
+            .probes
+            .as_mut()
+            .map(|p| p.take_trigger_links(trigger))
+            .unwrap_or_default();
+        if let Some(a) = &self.arming.armer {
+            a.detach(trigger, links);
+        }
+    }
+
+    /// Asks for the attach of the triggers whose cooldown is about to end,
+    /// and takes the arming thread's results.
+    pub(super) fn rearm_due(&mut self) {
+        self.arming_results();
+        let now = Now::read().ns;
+        let due: Vec<u32> = self
+            .arming
+            .machines
+            .iter()
+            .filter(|(t, m)| m.due(now, self.arming.lead(**t)))
+            .map(|(t, _)| *t)
+            .collect();
+        for trigger in due {
+            match self.arm_plan(trigger) {
+                Some(plan) => {
+                    self.arming
+                        .machines
+                        .get_mut(&trigger)
+                        .expect("due")
+                        .rearming();
+                    if let Some(a) = &self.arming.armer {
+                        a.attach(plan);
+                    }
+                }
+                None => self.arming.forget(trigger),
+            }
+        }
+    }
+
+    /// The uprobes of a trigger whose recorder still records.
+    fn arm_plan(&mut self, trigger: u32) -> Option<ArmPlan> {
+        let t = self.trigger(trigger);
+        let Watch::Pid(pid) = t.watch else {
+            return None;
+        };
+        let recording = self
+            .by_target
+            .get(&(trigger, pid))
+            .and_then(|s| self.slots[*s].as_ref())
+            .is_some_and(|r| r.recording());
+        if self.stopping.is_some() || !recording {
+            return None;
+        }
+        let plan = t.plan.clone();
+        let mut points = vec![("mt_entry", plan.entry_offset, false)];
+        match &plan.returns {
+            None => {}
+            Some(Returns::RetInstructions(v)) => {
+                points.extend(v.iter().map(|o| ("mt_return", *o, false)));
+            }
+            Some(Returns::Uretprobe) => points.push(("mt_uretprobe", plan.entry_offset, true)),
+        }
+        let mut out = Vec::new();
+        for (name, offset, ret) in points {
+            if !self.arming.programs.contains_key(name) {
+                let fd = self.probes.as_ref()?.program_fd(name)?;
+                self.arming.programs.insert(name, Arc::new(fd));
+            }
+            let prog = self.arming.programs[name].clone();
+            out.push(Point { prog, offset, ret });
+        }
+        Some(ArmPlan {
+            trigger,
+            path: plan.path,
+            pid,
+            points: out,
+        })
+    }
+
+    fn arming_results(&mut self) {
+        let done: Vec<Done> = match &self.arming.armer {
+            Some(a) => a.rx.try_iter().collect(),
+            None => return,
+        };
+        for d in done {
+            match d {
+                Done::Detached {
+                    trigger,
+                    per_link_ns,
+                } => {
+                    if !per_link_ns.is_empty() {
+                        self.arming.detach_batch_ns.push(per_link_ns.iter().sum());
+                    }
+                    self.arming.detach_ns.extend(per_link_ns);
+                    // The code is the target's own again (until the attach).
+                    if !self.arming.gone.contains(&trigger)
+                        && let Some(until) = self
+                            .arming
+                            .machines
+                            .get(&trigger)
+                            .and_then(|m| m.rearm_at(0))
+                    {
+                        self.setup.reporter.disarmed(trigger, until);
+                    }
+                }
+                Done::Attached {
+                    trigger,
+                    result,
+                    at_ns,
+                    took_ns,
+                } => self.attached(trigger, result, at_ns, took_ns),
+            }
+        }
+    }
+
+    fn attached(&mut self, trigger: u32, result: Result<(), String>, at_ns: u64, took_ns: u64) {
+        self.arming.attach_ns.push(took_ns);
+        if self.arming.gone.contains(&trigger) {
+            return;
+        }
+        let Some(m) = self.arming.machines.get_mut(&trigger) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                let again = m.rearmed(at_ns);
+                let late = m.stats_at(at_ns).rearm_late_ns.last().copied().unwrap_or(0);
+                self.arming.publish(trigger);
+                self.setup.reporter.rearmed(trigger, late);
+                if again == Action::Detach {
+                    self.send_detach(trigger);
+                }
+            }
+            Err(message) => {
+                self.arming.forget(trigger);
+                let Watch::Pid(pid) = self.trigger(trigger).watch else {
+                    return;
+                };
+                let now = Now::read();
+                if let Some(r) = self
+                    .by_target
+                    .get(&(trigger, pid))
+                    .copied()
+                    .and_then(|s| self.slots[s].as_mut())
+                {
+                    if crate::target::is_alive(pid) {
+                        r.fail(Failure::runtime(message), now);
+                    } else {
+                        // The target exited while disarmed: a normal end.
+                        r.stop(EndReason::TargetExited, now);
+                    }
+                }
+            }
+        }
+    }
+}

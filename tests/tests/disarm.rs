@@ -1,0 +1,309 @@
+//! Disarming: while a `--pid` trigger's cooldown runs, its uprobes are out
+//! of the target's code, and they are back once it ends. The code is read
+//! from /proc/PID/mem and compared with the executable's file: a uprobe is
+//! an int3 (0xCC) written over the first byte of its instruction.
+//! Privileged.
+
+use std::{
+    fs,
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+const EVENT: Duration = Duration::from_secs(30);
+
+/// The `armed` event's trigger object and the number of uprobes.
+fn armed_event(agent: &Agent) -> Value {
+    agent
+        .proc
+        .stdout()
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "armed")
+        .expect("armed event")
+}
+
+/// The bytes of `object`'s executable mapping in `pid` that differ from
+/// the file: (file offset, byte in memory).
+fn code_changes(pid: i32, object: &Path) -> Vec<(u64, u8)> {
+    let want = fs::canonicalize(object).unwrap();
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let file = fs::File::open(&want).unwrap();
+    let file_len = file.metadata().unwrap().len();
+    let mem = fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut changes = Vec::new();
+    let mut found = false;
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || !f[1].contains('x') || fs::canonicalize(f[5]).ok() != Some(want.clone()) {
+            continue;
+        }
+        found = true;
+        let (start, end) = f[0].split_once('-').unwrap();
+        let start = u64::from_str_radix(start, 16).unwrap();
+        let end = u64::from_str_radix(end, 16).unwrap();
+        let off = u64::from_str_radix(f[2], 16).unwrap();
+        let len = (end - start).min(file_len.saturating_sub(off)) as usize;
+        let mut in_file = vec![0u8; len];
+        let mut in_mem = vec![0u8; len];
+        file.read_exact_at(&mut in_file, off).unwrap();
+        mem.read_exact_at(&mut in_mem, start).unwrap();
+        for (i, (a, b)) in in_file.iter().zip(&in_mem).enumerate() {
+            if a != b {
+                changes.push((off + i as u64, *b));
+            }
+        }
+    }
+    assert!(
+        found,
+        "no executable mapping of {} in {pid}",
+        want.display()
+    );
+    changes
+}
+
+/// Every change is an int3, `n` of them, one at `entry`.
+fn assert_probed(changes: &[(u64, u8)], n: usize, entry: u64, when: &str) {
+    assert_eq!(changes.len(), n, "{when}: {changes:x?}");
+    assert!(
+        changes.iter().all(|(_, b)| *b == 0xCC),
+        "{when}: {changes:x?}"
+    );
+    assert!(
+        changes.iter().any(|(o, _)| *o == entry),
+        "{when}: {changes:x?}"
+    );
+}
+
+fn wait_event(agent: &mut Agent, name: &str) {
+    let tag = format!("\"event\":\"{name}\"");
+    assert!(
+        agent.proc.wait_line(EVENT, |l| l.contains(&tag)).is_some(),
+        "no {name} event; exit {:?}\nstdout: {:?}\nstderr: {:?}",
+        agent.proc.try_status(),
+        agent.proc.stdout(),
+        agent.proc.stderr()
+    );
+}
+
+struct Armed {
+    object: PathBuf,
+    entry: u64,
+    uprobes: usize,
+}
+
+fn armed_info(agent: &Agent) -> Armed {
+    let a = armed_event(agent);
+    Armed {
+        object: PathBuf::from(a["object"].as_str().unwrap()),
+        entry: a["attach_offset"].as_u64().unwrap(),
+        uprobes: a["uprobes"].as_u64().unwrap() as usize,
+    }
+}
+
+/// Armed, disarmed by a hit, armed again after the cooldown: the code
+/// holds the probes, then is the file's own, then holds them again.
+fn probes_leave_and_come_back(target_args: &[&str], agent_args: &[&str]) -> (Target, Run) {
+    let mut t = Target::start(&target_path("target"), target_args);
+    let pid = t.pid().to_string();
+    let mut args = vec!["--pid", &pid, "--json"];
+    args.extend_from_slice(agent_args);
+    let mut agent = Agent::start(&args);
+    agent.wait_armed();
+    let a = armed_info(&agent);
+    assert_probed(
+        &code_changes(t.pid(), &a.object),
+        a.uprobes,
+        a.entry,
+        "armed",
+    );
+    t.go();
+    // `disarmed` comes once the detach has returned: the code is clean
+    // from then until the re-arm, a cooldown (2 s) after the hit.
+    wait_event(&mut agent, "disarmed");
+    assert_eq!(code_changes(t.pid(), &a.object), vec![], "while disarmed");
+    // `rearmed` comes once the attach has returned.
+    wait_event(&mut agent, "rearmed");
+    assert_probed(
+        &code_changes(t.pid(), &a.object),
+        a.uprobes,
+        a.entry,
+        "re-armed",
+    );
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let d = &run.summary().expect("summary")["disarm"];
+    assert!(d["cycles"].as_u64().unwrap() >= 1, "{d}");
+    assert!(d["disarmed_s"].as_f64().unwrap() > 0.0, "{d}");
+    // The index has the cycle too: started by the time of the hit's line,
+    // ended (with its time) by the tail's.
+    let hit = run.entries("hit")[0];
+    assert_eq!(hit["disarm"]["cycles"], 1, "{hit}");
+    let tail = run.entries("tail")[0];
+    assert!(tail["disarm"]["cycles"].as_u64().unwrap() >= 1, "{tail}");
+    assert!(
+        tail["disarm"]["disarmed_ns"].as_u64().unwrap() > 0,
+        "{tail}"
+    );
+    run.assert_index_consistent();
+    (t, run)
+}
+
+#[test]
+fn the_entry_probe_leaves_the_code_during_the_cooldown() {
+    // trigger(0) right after go, trigger(1) 20 s later: one cooldown of 2 s
+    // in between, with the target alive throughout.
+    let (_t, run) = probes_leave_and_come_back(
+        &["calls", "2", "20000"],
+        &["--symbol", "trigger", "--cooldown", "2s"],
+    );
+    assert_eq!(run.entries("hit").len(), 1, "{}", run.output());
+}
+
+#[test]
+fn the_ret_probes_of_slower_than_leave_the_code_too() {
+    // f_slow(10) is slow: a hit at its return; the target then waits.
+    let (_t, run) = probes_leave_and_come_back(
+        &["slowwait", "15"],
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "25ms",
+            "--cooldown",
+            "2s",
+        ],
+    );
+    assert_eq!(run.entries("hit").len(), 1, "{}", run.output());
+}
+
+#[test]
+fn always_armed_and_cooldown_zero_never_disarm() {
+    for extra in [&["--always-armed"][..], &["--cooldown", "0"][..]] {
+        let mut t = Target::start(&target_path("target"), &["loop", "2000", "100"]);
+        let pid = t.pid().to_string();
+        let mut args = vec!["--pid", &pid, "--symbol", "trigger", "--json"];
+        args.extend_from_slice(extra);
+        let mut agent = Agent::start(&args);
+        agent.wait_armed();
+        t.go();
+        t.wait(Duration::from_secs(60));
+        let run = agent.finish(FINISH);
+        assert_eq!(run.code, Some(0), "{extra:?}\n{}", run.output());
+        let s = run.summary().expect("summary");
+        // Every call is seen: nothing was detached.
+        assert_eq!(s["counters"]["seen"], 2000, "{extra:?}: {s}");
+        assert_eq!(s["disarm"]["cycles"], 0, "{extra:?}: {s}");
+        assert!(!run.stdout.iter().any(|l| l.contains("\"disarmed\"")));
+        assert!(
+            run.index.iter().all(|e| e.get("disarm").is_none()),
+            "{extra:?}: {:?}",
+            run.index
+        );
+    }
+}
+
+#[test]
+fn a_tight_loop_loses_no_hit_that_could_be_accepted() {
+    // `storm 3`: trigger as fast as one thread can, for 3 s.
+    let mut t = Target::start(&target_path("target"), &["storm", "3"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--cooldown",
+        "200ms",
+        "--json",
+    ]);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().expect("summary");
+    let accepted = s["counters"]["accepted"].as_u64().unwrap();
+    // Every accepted hit has its snapshot.
+    let snapshots = s["stats"]["hit_snapshots"].as_u64().unwrap();
+    let merged = s["stats"]["merged"].as_u64().unwrap();
+    assert_eq!(accepted, snapshots + merged, "{s}");
+    assert_eq!(run.hits().len() as u64, accepted, "{s}");
+    // 3 s / 200 ms = 15 cooldowns. A re-arm later than the cooldown's end
+    // loses that much of the next one; the attach is asked for ahead of
+    // the end, so that is rare. Within one, as the issue asks; on a
+    // machine so loaded that an attach (about 15 ms here) is late by more
+    // than a whole cooldown, this would fail and say so.
+    assert!(
+        (14..=16).contains(&accepted),
+        "{accepted} accepted hits in 3 s with a 200 ms cooldown: {s}"
+    );
+    assert!(
+        s["disarm"]["cycles"].as_u64().unwrap() >= accepted - 1,
+        "{s}"
+    );
+    run.assert_index_consistent();
+}
+
+#[test]
+fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
+    let mut t = Target::start(&target_path("target"), &["calls", "2", "20000"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--cooldown",
+        "5s",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let a = armed_info(&agent);
+    t.go();
+    wait_event(&mut agent, "disarmed");
+    agent.proc.signal(libc::SIGKILL);
+    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
+    assert_eq!(status.code(), None);
+    assert_no_programs_loaded("after SIGKILL of a disarmed agent");
+    assert_eq!(code_changes(t.pid(), &a.object), vec![], "after SIGKILL");
+}
+
+#[test]
+fn a_killed_agent_after_a_rearm_leaves_no_probe_and_no_program() {
+    let mut t = Target::start(&target_path("target"), &["calls", "2", "20000"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--cooldown",
+        "1s",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let a = armed_info(&agent);
+    t.go();
+    wait_event(&mut agent, "rearmed");
+    agent.proc.signal(libc::SIGKILL);
+    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
+    assert_eq!(status.code(), None);
+    // The probes the arming thread attached go with the agent's fds.
+    assert_no_programs_loaded("after SIGKILL of a re-armed agent");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    // The kernel closes the fds as the process dies; the unregistering
+    // waits for RCU grace periods, so poll (bounded) rather than assert
+    // at once.
+    let mut changes = code_changes(t.pid(), &a.object);
+    while !changes.is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        changes = code_changes(t.pid(), &a.object);
+    }
+    assert_eq!(changes, vec![], "after SIGKILL");
+}
