@@ -89,7 +89,8 @@ pub struct RunArgs {
     /// Several triggers from a TOML file (see the README); what the systemd
     /// unit runs. Trigger options (--symbol, --when, --cooldown, ...) go in
     /// the file; run options given here (--output, --event, --freq, --keep,
-    /// --perf, --max-targets, extra perf arguments) override the file's.
+    /// --perf, --max-targets, --flight-recorder, --continuous,
+    /// --flight-ring, --max-disk, extra perf arguments) override the file's.
     #[arg(long, value_name = "FILE", conflicts_with_all = trigger_option_ids())]
     pub config: Option<PathBuf>,
 
@@ -100,7 +101,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
-    /// Output directory. Created; must not exist or be empty.
+    /// Output directory. Created mode 0700; an existing one must be empty,
+    /// yours and not writable by others.
     /// [default: ./mt-agent-<pid or exe name>-<local time>]
     #[arg(long, short = 'o', value_name = "DIR")]
     pub output: Option<PathBuf>,

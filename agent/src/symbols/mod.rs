@@ -220,8 +220,9 @@ fn open_views(pid: i32, object: Option<&str>) -> Result<Vec<View>, ResolveError>
         return Err(ResolveError::NotFound(
             Failure::usage(format!(
                 "{o} is not mapped by pid {pid} (yet): no mapped object matches --object {o}; \
-                 if the process loads it later (dlopen), add --wait-for-symbol DURATION, \
-                 otherwise give a path or a file name from the list below"
+                 if the process loads it later (dlopen), give a capture run \
+                 --wait-for-symbol DURATION, otherwise give a path or a file name from the \
+                 list below"
             ))
             .with_detail(shown.into_iter().take(30).map(|n| format!("mapped: {n}"))),
         ));
@@ -749,7 +750,8 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     }
     Failure::usage(format!(
         "no function {query} {scope}: it is not mapped (yet); if a library that has it is \
-         loaded later (dlopen), add --wait-for-symbol DURATION, otherwise check the name \
+         loaded later (dlopen), give a capture run --wait-for-symbol DURATION, otherwise \
+         check the name \
          (`mt-agent symbols --pid {pid} PATTERN`)"
     ))
     .with_detail(detail)
