@@ -4,6 +4,8 @@
 //! * `mt_return`: a plain uprobe on each `ret` instruction of a
 //!   `--slower-than` trigger (never a uretprobe unless `--use-uretprobe`,
 //!   in which case it is attached as one).
+//! * `mt_fork`: the `sched_process_fork` tracepoint, which adds the children
+//!   of followed processes to `FOLLOWED` (`--pid` triggers following forks).
 //!
 //! Both find their trigger's settings through the attach cookie, which is the
 //! trigger's index into `CONFIG`, `STATE` and `COUNTERS`. Filters run in a
@@ -30,10 +32,10 @@ mod prog {
     };
 
     use agent_common::{
-        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, CFG_PER_PROCESS, Counter, DEFAULT_RING_BYTES, Exec,
-        Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_FRAME_STACKS,
-        MAX_STATES, MAX_TIDS, MAX_TRIGGERS, NARGS, NCOUNTERS, StateKey, TriggerConfig,
-        TriggerState,
+        CFG_AT_RETURN, CFG_ENABLED, CFG_FOLLOW_FORKS, CFG_GO_ABI, CFG_PER_PROCESS, Counter,
+        DEFAULT_RING_BYTES, Exec, Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS,
+        MAX_DEPTH, MAX_FOLLOWED, MAX_FRAME_STACKS, MAX_STATES, MAX_TIDS, MAX_TRIGGERS, NARGS,
+        NCOUNTERS, StateKey, TriggerConfig, TriggerState,
     };
     use aya_ebpf::{
         EbpfContext, Global,
@@ -42,9 +44,9 @@ mod prog {
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_ns,
             bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
-        macros::{map, raw_tracepoint, uprobe, uretprobe},
+        macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-        programs::{ProbeContext, RawTracePointContext, RetProbeContext},
+        programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     };
     use aya_log_ebpf::{debug, warn};
 
@@ -64,6 +66,13 @@ mod prog {
     /// Processes that exec'd, for `--exe` (read by the agent).
     #[map]
     static EXECS: RingBuf = RingBuf::with_byte_size(16 * 1024, 0);
+
+    /// Processes whose calls count for a `CFG_FOLLOW_FORKS` trigger: the
+    /// `--pid` targets (written by userspace) and every process forked from
+    /// one of them since (added by `mt_fork`). Keyed by tgid; LRU, so it
+    /// stays bounded however many processes fork.
+    #[map]
+    static FOLLOWED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_FOLLOWED, 0);
 
     /// `Counter` slots, `NCOUNTERS` per trigger, per CPU.
     #[map]
@@ -162,6 +171,39 @@ mod prog {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let _ = EXECS.output::<Exec>(Exec { tgid, _pad: 0 }, 0);
         0
+    }
+
+    /// Offset of `child_pid` in the `sched/sched_process_fork` tracepoint's
+    /// record on kernel 6.18 (its `format` file in tracefs; the comm fields
+    /// are `__data_loc` there, so the pids sit at 12 and 20).
+    const FORK_CHILD_PID: usize = 20;
+
+    /// The `sched_process_fork` tracepoint: the current task is the forking
+    /// parent; when its process is followed, follow the child too. One hash
+    /// lookup for every other fork on the machine. Attached only when a
+    /// trigger follows forks.
+    #[tracepoint(category = "sched", name = "sched_process_fork")]
+    pub fn mt_fork(ctx: TracePointContext) -> u32 {
+        let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if FOLLOWED.get_ptr(parent).is_none() {
+            return 0;
+        }
+        // SAFETY: the offset is inside the tracepoint's record (see above).
+        if let Ok(child) = unsafe { ctx.read_at::<i32>(FORK_CHILD_PID) } {
+            let _ = FOLLOWED.insert(&(child as u32), &1, 0);
+        }
+        0
+    }
+
+    /// False when the trigger follows forks and the calling process is not
+    /// followed: such a call is not in the traced scope and counts nowhere.
+    #[inline(always)]
+    fn in_scope(cfg: &TriggerConfig, pid_tgid: u64) -> bool {
+        if cfg.flags & CFG_FOLLOW_FORKS == 0 {
+            return true;
+        }
+        let tgid = (pid_tgid >> 32) as u32;
+        FOLLOWED.get_ptr(tgid).is_some()
     }
 
     #[inline(always)]
@@ -531,8 +573,11 @@ mod prog {
 
     fn on_entry<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Option<()> {
         let (trigger, cfg) = trigger_of(ctx)?;
-        bump(trigger, Counter::Seen);
         let pid_tgid = bpf_get_current_pid_tgid();
+        if !in_scope(cfg, pid_tgid) {
+            return None;
+        }
+        bump(trigger, Counter::Seen);
         if !tid_ok(cfg, pid_tgid as u32) {
             bump(trigger, Counter::DropTid);
             return None;
@@ -628,6 +673,9 @@ mod prog {
         let regs = load_regs(regs);
         let go_abi = cfg.flags & CFG_GO_ABI != 0;
         let pid_tgid = bpf_get_current_pid_tgid();
+        if !in_scope(cfg, pid_tgid) {
+            return None;
+        }
         let (id, mut pos) = frame_position(&regs, go_abi, pid_tgid)?;
         // A uretprobe runs after the return: the stack pointer has moved up
         // past the return address, one slot above where the entry saw it.

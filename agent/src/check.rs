@@ -282,6 +282,7 @@ fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
         trigger: 0,
         path: PathBuf::from("/proc/self/exe"),
         pid: Some(me),
+        follow_forks: false,
         entry_offset: offset,
         returns: None,
     };

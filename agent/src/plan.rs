@@ -46,6 +46,9 @@ pub struct TriggerPlan {
     pub use_uretprobe: bool,
     /// `--always-armed`: never detach the uprobes during a cooldown.
     pub always_armed: bool,
+    /// A `--pid` trigger also counts the calls of processes forked from
+    /// its target (on unless `--no-follow-forks`; off for `--exe`).
+    pub follow_forks: bool,
     pub after: Option<Duration>,
     pub max_snapshots: Option<u64>,
 }
@@ -313,6 +316,7 @@ fn trigger_plan(o: &TriggerOptions, name: String) -> Result<TriggerPlan, Failure
         },
         use_uretprobe: o.use_uretprobe,
         always_armed: o.always_armed,
+        follow_forks: o.pid.is_some() && !o.no_follow_forks,
         after: duration("after", &o.after)?,
         max_snapshots: o.max_snapshots,
     })

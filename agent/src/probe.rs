@@ -17,8 +17,9 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        RawTracePoint, UProbe,
+        RawTracePoint, TracePoint, UProbe,
         raw_trace_point::RawTracePointLinkId,
+        trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
@@ -43,6 +44,10 @@ pub struct AttachPlan {
     pub path: PathBuf,
     /// Only this process fires the probes; None means every process.
     pub pid: Option<i32>,
+    /// The `--pid` trigger follows forks: its uprobes are attached
+    /// file-wide and the eBPF programs keep the calls of the processes in
+    /// `FOLLOWED` (the target and its children), see [`Probes::follow`].
+    pub follow_forks: bool,
     /// File offset of the entry probe.
     pub entry_offset: u64,
     /// Return probes, for `--slower-than`.
@@ -71,6 +76,7 @@ pub struct Probes {
     /// (program, trigger, link).
     links: Vec<(&'static str, u32, UProbeLinkId)>,
     exec_link: Option<RawTracePointLinkId>,
+    fork_link: Option<TracePointLinkId>,
 }
 
 impl Probes {
@@ -111,6 +117,7 @@ impl Probes {
             ebpf,
             links: Vec::new(),
             exec_link: None,
+            fork_link: None,
         })
     }
 
@@ -129,6 +136,7 @@ impl Probes {
     /// Errors: exit code 3 without privileges, 4 for other kernel refusals.
     pub fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
         let scope = match plan.pid {
+            Some(_) if plan.follow_forks => UProbeScope::AllProcesses,
             Some(pid) => UProbeScope::OneProcess(
                 NonZeroU32::new(pid as u32).ok_or_else(|| Failure::usage("pid 0"))?,
             ),
@@ -193,6 +201,37 @@ impl Probes {
         Ok(())
     }
 
+    /// Follows process `pid` and, from now on, every process forked from it
+    /// or from one of its followed children: writes `pid` into `FOLLOWED`
+    /// and, the first time, loads and attaches `mt_fork` to the
+    /// `sched/sched_process_fork` tracepoint (which needs tracefs).
+    pub fn follow(&mut self, pid: i32) -> Result<(), Failure> {
+        let mut followed: HashMap<_, u32, u8> = HashMap::try_from(
+            self.ebpf
+                .map_mut("FOLLOWED")
+                .ok_or_else(|| Failure::runtime("map FOLLOWED missing"))?,
+        )
+        .map_err(|e| Failure::runtime(format!("map FOLLOWED: {e}")))?;
+        followed
+            .insert(pid as u32, 1, 0)
+            .map_err(|e| Failure::runtime(format!("writing map FOLLOWED: {e}")))?;
+        if self.fork_link.is_some() {
+            return Ok(());
+        }
+        let prog: &mut TracePoint = self
+            .ebpf
+            .program_mut("mt_fork")
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| Failure::runtime("program mt_fork missing"))?;
+        prog.load()
+            .map_err(|e| classify_with(&e, "loading program mt_fork", &[libc::EPERM]))?;
+        let link = prog
+            .attach("sched", "sched_process_fork")
+            .map_err(|e| classify(&e, "attaching to the sched_process_fork tracepoint"))?;
+        self.fork_link = Some(link);
+        Ok(())
+    }
+
     /// Detaches the probes of one trigger.
     pub fn detach_trigger(&mut self, trigger: u32) {
         let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
@@ -238,6 +277,14 @@ impl Probes {
                 .ebpf
                 .program_mut("mt_exec")
                 .and_then(|p| <&mut RawTracePoint>::try_from(p).ok())
+        {
+            let _ = prog.detach(link);
+        }
+        if let Some(link) = self.fork_link.take()
+            && let Some(prog) = self
+                .ebpf
+                .program_mut("mt_fork")
+                .and_then(|p| <&mut TracePoint>::try_from(p).ok())
         {
             let _ = prog.detach(link);
         }

@@ -118,6 +118,7 @@ impl Traced {
                     trigger,
                     path,
                     pid: Some(std::process::id() as i32),
+                    follow_forks: false,
                     entry_offset,
                     returns: uretprobe.then_some(Returns::Uretprobe),
                 })
