@@ -5,7 +5,8 @@
 //!   `--slower-than` trigger (never a uretprobe unless `--use-uretprobe`,
 //!   in which case it is attached as one).
 //! * `mt_fork`: the `sched_process_fork` tracepoint, which adds the children
-//!   of followed processes to `FOLLOWED` (`--pid` triggers following forks).
+//!   of followed processes to `FOLLOWED` (`--pid` triggers following forks),
+//!   and `mt_exit` on `sched_process_exit`, which removes them when they end.
 //!
 //! Both find their trigger's settings through the attach cookie, which is the
 //! trigger's index into `CONFIG`, `STATE` and `COUNTERS`. Filters run in a
@@ -191,6 +192,27 @@ mod prog {
         // SAFETY: the offset is inside the tracepoint's record (see above).
         if let Ok(child) = unsafe { ctx.read_at::<i32>(FORK_CHILD_PID) } {
             let _ = FOLLOWED.insert(&(child as u32), &1, 0);
+        }
+        0
+    }
+
+    /// Offset of `group_dead` (a bool) in the `sched/sched_process_exit`
+    /// tracepoint's record on kernel 6.18 (its `format` file in tracefs).
+    const EXIT_GROUP_DEAD: usize = 32;
+
+    /// The `sched_process_exit` tracepoint (every exiting thread): when the
+    /// last thread of a process exits, forget the process, so that a new
+    /// process that reuses its pid is not followed. One byte read for every
+    /// thread exit, and a hash delete (a lookup when absent) for every
+    /// process exit. Attached with `mt_fork`.
+    #[tracepoint(category = "sched", name = "sched_process_exit")]
+    pub fn mt_exit(ctx: TracePointContext) -> u32 {
+        // SAFETY: the offset is inside the tracepoint's record (see above).
+        if let Ok(dead) = unsafe { ctx.read_at::<u8>(EXIT_GROUP_DEAD) }
+            && dead != 0
+        {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            let _ = FOLLOWED.remove(&tgid);
         }
         0
     }

@@ -76,7 +76,8 @@ pub struct Probes {
     /// (program, trigger, link).
     links: Vec<(&'static str, u32, UProbeLinkId)>,
     exec_link: Option<RawTracePointLinkId>,
-    fork_link: Option<TracePointLinkId>,
+    /// `mt_fork` and `mt_exit`, when a trigger follows forks.
+    fork_links: Vec<(&'static str, TracePointLinkId)>,
 }
 
 impl Probes {
@@ -117,7 +118,7 @@ impl Probes {
             ebpf,
             links: Vec::new(),
             exec_link: None,
-            fork_link: None,
+            fork_links: Vec::new(),
         })
     }
 
@@ -203,8 +204,9 @@ impl Probes {
 
     /// Follows process `pid` and, from now on, every process forked from it
     /// or from one of its followed children: writes `pid` into `FOLLOWED`
-    /// and, the first time, loads and attaches `mt_fork` to the
-    /// `sched/sched_process_fork` tracepoint (which needs tracefs).
+    /// and, the first time, loads and attaches `mt_fork` and `mt_exit` to
+    /// the `sched/sched_process_fork` and `sched/sched_process_exit`
+    /// tracepoints (which need tracefs).
     pub fn follow(&mut self, pid: i32) -> Result<(), Failure> {
         let mut followed: HashMap<_, u32, u8> = HashMap::try_from(
             self.ebpf
@@ -215,20 +217,26 @@ impl Probes {
         followed
             .insert(pid as u32, 1, 0)
             .map_err(|e| Failure::runtime(format!("writing map FOLLOWED: {e}")))?;
-        if self.fork_link.is_some() {
+        if !self.fork_links.is_empty() {
             return Ok(());
         }
-        let prog: &mut TracePoint = self
-            .ebpf
-            .program_mut("mt_fork")
-            .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| Failure::runtime("program mt_fork missing"))?;
-        prog.load()
-            .map_err(|e| classify_with(&e, "loading program mt_fork", &[libc::EPERM]))?;
-        let link = prog
-            .attach("sched", "sched_process_fork")
-            .map_err(|e| classify(&e, "attaching to the sched_process_fork tracepoint"))?;
-        self.fork_link = Some(link);
+        for (name, tracepoint) in [
+            ("mt_fork", "sched_process_fork"),
+            ("mt_exit", "sched_process_exit"),
+        ] {
+            let prog: &mut TracePoint = self
+                .ebpf
+                .program_mut(name)
+                .and_then(|p| p.try_into().ok())
+                .ok_or_else(|| Failure::runtime(format!("program {name} missing")))?;
+            prog.load().map_err(|e| {
+                classify_with(&e, &format!("loading program {name}"), &[libc::EPERM])
+            })?;
+            let link = prog.attach("sched", tracepoint).map_err(|e| {
+                classify(&e, &format!("attaching to the {tracepoint} tracepoint"))
+            })?;
+            self.fork_links.push((name, link));
+        }
         Ok(())
     }
 
@@ -280,13 +288,14 @@ impl Probes {
         {
             let _ = prog.detach(link);
         }
-        if let Some(link) = self.fork_link.take()
-            && let Some(prog) = self
+        for (name, link) in std::mem::take(&mut self.fork_links) {
+            if let Some(prog) = self
                 .ebpf
-                .program_mut("mt_fork")
+                .program_mut(name)
                 .and_then(|p| <&mut TracePoint>::try_from(p).ok())
-        {
-            let _ = prog.detach(link);
+            {
+                let _ = prog.detach(link);
+            }
         }
     }
 

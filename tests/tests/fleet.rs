@@ -350,11 +350,17 @@ fn pid_follows_forked_workers_with_the_targets_perf() {
         "--json",
     ]);
     agent.wait_armed();
+    let loaded = our_loaded_programs();
+    assert!(
+        loaded.iter().any(|n| n == "mt_fork") && loaded.iter().any(|n| n == "mt_exit"),
+        "fork following's programs not loaded: {loaded:?}"
+    );
     let perfs = PerfCounter::start(&agent.out);
     master.go();
     master.wait(Duration::from_secs(30));
     let most_perfs = perfs.most();
     agent.proc.signal(libc::SIGINT);
+    // `finish` also checks that no program of ours is left loaded.
     let run = agent.finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let workers = worker_pids(&master);
@@ -403,6 +409,11 @@ fn pid_with_no_follow_forks_ignores_workers() {
         "--json",
     ]);
     agent.wait_armed();
+    let loaded = our_loaded_programs();
+    assert!(
+        !loaded.iter().any(|n| n == "mt_fork" || n == "mt_exit"),
+        "fork following's programs loaded without following: {loaded:?}"
+    );
     master.go();
     master.wait(Duration::from_secs(30));
     agent.proc.signal(libc::SIGINT);
@@ -417,4 +428,24 @@ fn pid_with_no_follow_forks_ignores_workers() {
         index.iter().all(|e| e["kind"] != "hit"),
         "a worker's call triggered: {index:?}"
     );
+}
+
+#[test]
+fn a_killed_agent_following_forks_leaves_no_program() {
+    let mut master = Target::start(&target_path("prefork"), &["3", "1"]);
+    let pid = master.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "handle_request", "--json"]);
+    agent.wait_armed();
+    let loaded = our_loaded_programs();
+    assert!(
+        loaded.iter().any(|n| n == "mt_fork"),
+        "mt_fork not loaded: {loaded:?}"
+    );
+    agent.proc.signal(libc::SIGKILL);
+    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
+    assert_eq!(status.code(), None);
+    // The kernel drops the tracepoints and uprobes with our fds.
+    assert_no_programs_loaded("after SIGKILL of an agent following forks");
+    master.go();
+    master.wait(Duration::from_secs(30));
 }
