@@ -232,12 +232,21 @@ impl Probes {
             prog.load().map_err(|e| {
                 classify_with(&e, &format!("loading program {name}"), &[libc::EPERM])
             })?;
-            let link = prog.attach("sched", tracepoint).map_err(|e| {
-                classify(&e, &format!("attaching to the {tracepoint} tracepoint"))
-            })?;
+            let link = prog
+                .attach("sched", tracepoint)
+                .map_err(|e| classify(&e, &format!("attaching to the {tracepoint} tracepoint")))?;
             self.fork_links.push((name, link));
         }
         Ok(())
+    }
+
+    /// Whether process `pid` is in `FOLLOWED` now.
+    #[cfg(test)]
+    pub fn is_followed(&self, pid: i32) -> bool {
+        self.ebpf
+            .map("FOLLOWED")
+            .and_then(|m| HashMap::<_, u32, u8>::try_from(m).ok())
+            .is_some_and(|m| m.get(&(pid as u32), 0).is_ok())
     }
 
     /// Detaches the probes of one trigger.
