@@ -4,7 +4,7 @@
 //! * `mt_return`: a plain uprobe on each `ret` instruction of a
 //!   `--slower-than` trigger (never a uretprobe unless `--use-uretprobe`,
 //!   in which case it is attached as one).
-//! * `mt_fork`: the `sched_process_fork` tracepoint, which adds the children
+//! * `mt_fork`: the `sched_process_fork` raw tracepoint, which adds the children
 //!   of followed processes to `FOLLOWED` (`--pid` triggers following forks),
 //!   and `mt_exit` on `sched_process_exit`, which removes them when they end.
 //!
@@ -43,11 +43,11 @@ mod prog {
         bindings::{BPF_NOEXIST, pt_regs},
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_ns,
-            bpf_probe_read_user, generated::bpf_get_attach_cookie,
+            bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
-        macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
+        macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-        programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
+        programs::{ProbeContext, RawTracePointContext, RetProbeContext},
     };
     use aya_log_ebpf::{debug, warn};
 
@@ -174,43 +174,42 @@ mod prog {
         0
     }
 
-    /// Offset of `child_pid` in the `sched/sched_process_fork` tracepoint's
-    /// record on kernel 6.18 (its `format` file in tracefs; the comm fields
-    /// are `__data_loc` there, so the pids sit at 12 and 20).
-    const FORK_CHILD_PID: usize = 20;
+    /// Offset of `tgid` in the kernel's `struct task_struct`, from the
+    /// running kernel's BTF (set at load time by the agent; 0 when no
+    /// trigger follows forks, and then `mt_fork` is not attached).
+    #[unsafe(no_mangle)]
+    static MT_TASK_TGID_OFFSET: Global<u32> = Global::new(0);
 
-    /// The `sched_process_fork` tracepoint: the current task is the forking
-    /// parent; when its process is followed, follow the child too. One hash
-    /// lookup for every other fork on the machine. Attached only when a
-    /// trigger follows forks.
-    #[tracepoint(category = "sched", name = "sched_process_fork")]
-    pub fn mt_fork(ctx: TracePointContext) -> u32 {
+    /// The `sched_process_fork` raw tracepoint (no tracefs needed;
+    /// `TP_PROTO(struct task_struct *parent, struct task_struct *child)`):
+    /// the current task is the forking parent; when its process is
+    /// followed, follow the child too. One hash lookup for every other fork
+    /// on the machine. Attached only when a trigger follows forks.
+    #[raw_tracepoint(tracepoint = "sched_process_fork")]
+    pub fn mt_fork(ctx: RawTracePointContext) -> i32 {
         let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
         if FOLLOWED.get_ptr(parent).is_none() {
             return 0;
         }
-        // SAFETY: the offset is inside the tracepoint's record (see above).
-        if let Ok(child) = unsafe { ctx.read_at::<i32>(FORK_CHILD_PID) } {
-            let _ = FOLLOWED.insert(&(child as u32), &1, 0);
+        let child: u64 = ctx.arg(1);
+        let at = child.wrapping_add(u64::from(MT_TASK_TGID_OFFSET.load()));
+        // SAFETY: bpf_probe_read_kernel copes with any address.
+        if let Ok(tgid) = unsafe { bpf_probe_read_kernel(at as *const i32) } {
+            let _ = FOLLOWED.insert(&(tgid as u32), &1, 0);
         }
         0
     }
 
-    /// Offset of `group_dead` (a bool) in the `sched/sched_process_exit`
-    /// tracepoint's record on kernel 6.18 (its `format` file in tracefs).
-    const EXIT_GROUP_DEAD: usize = 32;
-
-    /// The `sched_process_exit` tracepoint (every exiting thread): when the
-    /// last thread of a process exits, forget the process, so that a new
-    /// process that reuses its pid is not followed. One byte read for every
-    /// thread exit, and a hash delete (a lookup when absent) for every
-    /// process exit. Attached with `mt_fork`.
-    #[tracepoint(category = "sched", name = "sched_process_exit")]
-    pub fn mt_exit(ctx: TracePointContext) -> u32 {
-        // SAFETY: the offset is inside the tracepoint's record (see above).
-        if let Ok(dead) = unsafe { ctx.read_at::<u8>(EXIT_GROUP_DEAD) }
-            && dead != 0
-        {
+    /// The `sched_process_exit` raw tracepoint (every exiting thread;
+    /// `TP_PROTO(struct task_struct *p, bool group_dead)` on kernel 6.18):
+    /// when the last thread of a process exits, forget the process, so that
+    /// a new process that reuses its pid is not followed. Nothing for a
+    /// thread exit; a hash delete (a lookup when absent) for every process
+    /// exit. Attached with `mt_fork`.
+    #[raw_tracepoint(tracepoint = "sched_process_exit")]
+    pub fn mt_exit(ctx: RawTracePointContext) -> i32 {
+        let group_dead: u64 = ctx.arg(1);
+        if group_dead & 0xff != 0 {
             let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
             let _ = FOLLOWED.remove(&tgid);
         }

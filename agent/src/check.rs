@@ -236,6 +236,7 @@ fn load_programs(r: &mut Report) -> Option<Probes> {
         returns: false,
         uretprobe: false,
         single_trigger: Some(0),
+        follow_forks: false,
     }) {
         Ok(p) => {
             r.pass(

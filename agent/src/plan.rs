@@ -442,6 +442,32 @@ mod tests {
     }
 
     #[test]
+    fn pid_triggers_follow_forks_unless_told_not_to() {
+        let p = plan(&run_args(&["mt-agent", "--pid", "1", "-s", "f"])).unwrap();
+        assert!(p.triggers[0].follow_forks);
+        let p = plan(&run_args(&[
+            "mt-agent",
+            "--pid",
+            "1",
+            "-s",
+            "f",
+            "--no-follow-forks",
+        ]))
+        .unwrap();
+        assert!(!p.triggers[0].follow_forks);
+        // --exe follows forked processes its own way (its recorders).
+        let p = plan(&run_args(&["mt-agent", "--exe", "/bin/true", "-s", "f"])).unwrap();
+        assert!(!p.triggers[0].follow_forks);
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_file(
+            &dir,
+            "[[trigger]]\npid = 1\nsymbol = \"f\"\nno_follow_forks = true\n",
+        );
+        let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
+        assert!(!p.triggers[0].follow_forks);
+    }
+
+    #[test]
     fn a_bad_duration_in_a_config_file_names_the_trigger_and_field() {
         let dir = tempfile::tempdir().unwrap();
         let path = config_file(

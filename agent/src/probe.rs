@@ -11,15 +11,14 @@
 
 use std::{io, num::NonZeroU32, path::PathBuf};
 
-use crate::{counters::Counters, error::Failure};
+use crate::{btf, counters::Counters, error::Failure};
 use agent_common::TriggerConfig;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        RawTracePoint, TracePoint, UProbe,
+        RawTracePoint, UProbe,
         raw_trace_point::RawTracePointLinkId,
-        trace_point::TracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
@@ -68,7 +67,13 @@ pub struct LoadOptions {
     /// The only trigger of the run, if there is one (skips reading the
     /// attach cookie on every hit).
     pub single_trigger: Option<u32>,
+    /// A trigger follows forks: find `task_struct.tgid` in the kernel's BTF
+    /// for `mt_fork`.
+    pub follow_forks: bool,
 }
+
+/// The running kernel's BTF.
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// The loaded programs and their links.
 pub struct Probes {
@@ -77,7 +82,7 @@ pub struct Probes {
     links: Vec<(&'static str, u32, UProbeLinkId)>,
     exec_link: Option<RawTracePointLinkId>,
     /// `mt_fork` and `mt_exit`, when a trigger follows forks.
-    fork_links: Vec<(&'static str, TracePointLinkId)>,
+    fork_links: Vec<(&'static str, RawTracePointLinkId)>,
 }
 
 impl Probes {
@@ -87,7 +92,18 @@ impl Probes {
     pub fn load(opts: LoadOptions) -> Result<Self, Failure> {
         // aya-log level: 0 turns every log statement off in the kernel.
         let level: u8 = if opts.verbose { 0xff } else { 0 };
+        let tgid_offset = if opts.follow_forks {
+            btf::task_tgid_offset(std::path::Path::new(VMLINUX_BTF)).map_err(|e| {
+                Failure::environment(format!(
+                    "following the forks of a --pid target needs the kernel's BTF: {e}; \
+                     pass --no-follow-forks to do without"
+                ))
+            })?
+        } else {
+            0
+        };
         let mut ebpf = EbpfLoader::new()
+            .override_global("MT_TASK_TGID_OFFSET", &tgid_offset, true)
             .map_max_entries("HITS", opts.ring_bytes)
             .override_global("AYA_LOG_LEVEL", &level, true)
             .override_global(
@@ -205,8 +221,8 @@ impl Probes {
     /// Follows process `pid` and, from now on, every process forked from it
     /// or from one of its followed children: writes `pid` into `FOLLOWED`
     /// and, the first time, loads and attaches `mt_fork` and `mt_exit` to
-    /// the `sched/sched_process_fork` and `sched/sched_process_exit`
-    /// tracepoints (which need tracefs).
+    /// the `sched_process_fork` and `sched_process_exit` raw tracepoints.
+    /// Needs [`LoadOptions::follow_forks`].
     pub fn follow(&mut self, pid: i32) -> Result<(), Failure> {
         let mut followed: HashMap<_, u32, u8> = HashMap::try_from(
             self.ebpf
@@ -224,7 +240,7 @@ impl Probes {
             ("mt_fork", "sched_process_fork"),
             ("mt_exit", "sched_process_exit"),
         ] {
-            let prog: &mut TracePoint = self
+            let prog: &mut RawTracePoint = self
                 .ebpf
                 .program_mut(name)
                 .and_then(|p| p.try_into().ok())
@@ -233,7 +249,7 @@ impl Probes {
                 classify_with(&e, &format!("loading program {name}"), &[libc::EPERM])
             })?;
             let link = prog
-                .attach("sched", tracepoint)
+                .attach(tracepoint)
                 .map_err(|e| classify(&e, &format!("attaching to the {tracepoint} tracepoint")))?;
             self.fork_links.push((name, link));
         }
@@ -301,7 +317,7 @@ impl Probes {
             if let Some(prog) = self
                 .ebpf
                 .program_mut(name)
-                .and_then(|p| <&mut TracePoint>::try_from(p).ok())
+                .and_then(|p| <&mut RawTracePoint>::try_from(p).ok())
             {
                 let _ = prog.detach(link);
             }

@@ -321,6 +321,9 @@ fn spawn_loader(
             .iter()
             .any(|r| matches!(r.returns, Some(Returns::Uretprobe))),
         single_trigger: (resolved.len() == 1).then_some(0),
+        follow_forks: resolved
+            .iter()
+            .any(|r| r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0),
     };
     std::thread::Builder::new()
         .name("mt-agent-load".into())

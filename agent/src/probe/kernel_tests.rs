@@ -104,6 +104,7 @@ impl Traced {
             ring_bytes,
             verbose: false,
             single_trigger: (triggers.len() == 1).then_some(0),
+            follow_forks: false,
         })
         .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
         for (i, (f, filters)) in triggers.iter().enumerate() {
@@ -606,6 +607,7 @@ fn following_forks_counts_the_followed_process_and_its_children_only() {
         ring_bytes: DEFAULT_RING_BYTES,
         verbose: false,
         single_trigger: Some(0),
+        follow_forks: true,
     })
     .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     let mut cfg = trigger_config(&Filters::default(), false).expect("valid filters");
