@@ -146,6 +146,14 @@ pub const CFG_PER_PROCESS: u32 = 8;
 /// [`TriggerConfig::flags`]: the trigger is in use. A hit whose cookie points
 /// at a slot without this flag is ignored.
 pub const CFG_ENABLED: u32 = 4;
+/// [`TriggerConfig::flags`]: the uprobes are attached file-wide and a call
+/// counts only in a process listed in the `FOLLOWED` map (a `--pid` target
+/// and the processes forked from it since the agent attached).
+pub const CFG_FOLLOW_FORKS: u32 = 16;
+
+/// Most processes in the `FOLLOWED` map (an LRU hash: beyond this the least
+/// recently used is forgotten).
+pub const MAX_FOLLOWED: u32 = 16384;
 
 /// Settings of one trigger, written by userspace into `CONFIG[cookie]` before
 /// the probe is attached. All durations are in ns; 0 disables a filter.

@@ -4,6 +4,9 @@
 //! * `mt_return`: a plain uprobe on each `ret` instruction of a
 //!   `--slower-than` trigger (never a uretprobe unless `--use-uretprobe`,
 //!   in which case it is attached as one).
+//! * `mt_fork`: the `sched_process_fork` raw tracepoint, which adds the children
+//!   of followed processes to `FOLLOWED` (`--pid` triggers following forks),
+//!   and `mt_exit` on `sched_process_exit`, which removes them when they end.
 //!
 //! Both find their trigger's settings through the attach cookie, which is the
 //! trigger's index into `CONFIG`, `STATE` and `COUNTERS`. Filters run in a
@@ -30,17 +33,17 @@ mod prog {
     };
 
     use agent_common::{
-        CFG_AT_RETURN, CFG_ENABLED, CFG_GO_ABI, CFG_PER_PROCESS, Counter, DEFAULT_RING_BYTES, Exec,
-        Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS, MAX_DEPTH, MAX_FRAME_STACKS,
-        MAX_STATES, MAX_TIDS, MAX_TRIGGERS, NARGS, NCOUNTERS, StateKey, TriggerConfig,
-        TriggerState,
+        CFG_AT_RETURN, CFG_ENABLED, CFG_FOLLOW_FORKS, CFG_GO_ABI, CFG_PER_PROCESS, Counter,
+        DEFAULT_RING_BYTES, Exec, Frame, FrameKey, FrameStack, HIT_AT_RETURN, Hit, MAX_CONDS,
+        MAX_DEPTH, MAX_FOLLOWED, MAX_FRAME_STACKS, MAX_STATES, MAX_TIDS, MAX_TRIGGERS, NARGS,
+        NCOUNTERS, StateKey, TriggerConfig, TriggerState,
     };
     use aya_ebpf::{
         EbpfContext, Global,
         bindings::{BPF_NOEXIST, pt_regs},
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_ns,
-            bpf_probe_read_user, generated::bpf_get_attach_cookie,
+            bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_get_attach_cookie,
         },
         macros::{map, raw_tracepoint, uprobe, uretprobe},
         maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -64,6 +67,13 @@ mod prog {
     /// Processes that exec'd, for `--exe` (read by the agent).
     #[map]
     static EXECS: RingBuf = RingBuf::with_byte_size(16 * 1024, 0);
+
+    /// Processes whose calls count for a `CFG_FOLLOW_FORKS` trigger: the
+    /// `--pid` targets (written by userspace) and every process forked from
+    /// one of them since (added by `mt_fork`). Keyed by tgid; LRU, so it
+    /// stays bounded however many processes fork.
+    #[map]
+    static FOLLOWED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_FOLLOWED, 0);
 
     /// `Counter` slots, `NCOUNTERS` per trigger, per CPU.
     #[map]
@@ -162,6 +172,59 @@ mod prog {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let _ = EXECS.output::<Exec>(Exec { tgid, _pad: 0 }, 0);
         0
+    }
+
+    /// Offset of `tgid` in the kernel's `struct task_struct`, from the
+    /// running kernel's BTF (set at load time by the agent; 0 when no
+    /// trigger follows forks, and then `mt_fork` is not attached).
+    #[unsafe(no_mangle)]
+    static MT_TASK_TGID_OFFSET: Global<u32> = Global::new(0);
+
+    /// The `sched_process_fork` raw tracepoint (no tracefs needed;
+    /// `TP_PROTO(struct task_struct *parent, struct task_struct *child)`):
+    /// the current task is the forking parent; when its process is
+    /// followed, follow the child too. One hash lookup for every other fork
+    /// on the machine. Attached only when a trigger follows forks.
+    #[raw_tracepoint(tracepoint = "sched_process_fork")]
+    pub fn mt_fork(ctx: RawTracePointContext) -> i32 {
+        let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if FOLLOWED.get_ptr(parent).is_none() {
+            return 0;
+        }
+        let child: u64 = ctx.arg(1);
+        let at = child.wrapping_add(u64::from(MT_TASK_TGID_OFFSET.load()));
+        // SAFETY: bpf_probe_read_kernel copes with any address.
+        if let Ok(tgid) = unsafe { bpf_probe_read_kernel(at as *const i32) } {
+            let _ = FOLLOWED.insert(&(tgid as u32), &1, 0);
+        }
+        0
+    }
+
+    /// The `sched_process_exit` raw tracepoint (every exiting thread;
+    /// `TP_PROTO(struct task_struct *p, bool group_dead)` on kernel 6.18):
+    /// when the last thread of a process exits, forget the process, so that
+    /// a new process that reuses its pid is not followed. Nothing for a
+    /// thread exit; a hash delete (a lookup when absent) for every process
+    /// exit. Attached with `mt_fork`.
+    #[raw_tracepoint(tracepoint = "sched_process_exit")]
+    pub fn mt_exit(ctx: RawTracePointContext) -> i32 {
+        let group_dead: u64 = ctx.arg(1);
+        if group_dead & 0xff != 0 {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            let _ = FOLLOWED.remove(&tgid);
+        }
+        0
+    }
+
+    /// False when the trigger follows forks and the calling process is not
+    /// followed: such a call is not in the traced scope and counts nowhere.
+    #[inline(always)]
+    fn in_scope(cfg: &TriggerConfig, pid_tgid: u64) -> bool {
+        if cfg.flags & CFG_FOLLOW_FORKS == 0 {
+            return true;
+        }
+        let tgid = (pid_tgid >> 32) as u32;
+        FOLLOWED.get_ptr(tgid).is_some()
     }
 
     #[inline(always)]
@@ -531,8 +594,11 @@ mod prog {
 
     fn on_entry<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Option<()> {
         let (trigger, cfg) = trigger_of(ctx)?;
-        bump(trigger, Counter::Seen);
         let pid_tgid = bpf_get_current_pid_tgid();
+        if !in_scope(cfg, pid_tgid) {
+            return None;
+        }
+        bump(trigger, Counter::Seen);
         if !tid_ok(cfg, pid_tgid as u32) {
             bump(trigger, Counter::DropTid);
             return None;
@@ -628,6 +694,9 @@ mod prog {
         let regs = load_regs(regs);
         let go_abi = cfg.flags & CFG_GO_ABI != 0;
         let pid_tgid = bpf_get_current_pid_tgid();
+        if !in_scope(cfg, pid_tgid) {
+            return None;
+        }
         let (id, mut pos) = frame_position(&regs, go_abi, pid_tgid)?;
         // A uretprobe runs after the return: the stack pointer has moved up
         // past the return address, one slot above where the entry saw it.

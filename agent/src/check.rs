@@ -236,6 +236,7 @@ fn load_programs(r: &mut Report) -> Option<Probes> {
         returns: false,
         uretprobe: false,
         single_trigger: Some(0),
+        follow_forks: false,
     }) {
         Ok(p) => {
             r.pass(
@@ -282,6 +283,7 @@ fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
         trigger: 0,
         path: PathBuf::from("/proc/self/exe"),
         pid: Some(me),
+        follow_forks: false,
         entry_offset: offset,
         returns: None,
     };

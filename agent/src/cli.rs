@@ -271,6 +271,14 @@ pub struct TriggerOptions {
     #[serde(default)]
     pub always_armed: bool,
 
+    /// With `--pid`, count only the target's own calls. By default a call
+    /// in any process forked from the target after the agent attached
+    /// counts too, and switches the target's perf, which records that
+    /// child already.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_follow_forks: bool,
+
     /// Accept one hit in N (after the tid, when and duration filters).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub every: Option<u64>,

@@ -524,8 +524,13 @@ impl Driver {
     /// other process.
     fn follower_slot(&mut self, key: (u32, i32)) -> Option<usize> {
         let (trigger, pid) = key;
-        if !matches!(self.trigger(trigger).watch, Watch::Exe { .. }) {
-            return None;
+        if let Watch::Pid(target) = self.trigger(trigger).watch {
+            // A process forked from the target (the eBPF program keeps only
+            // those, see `CFG_FOLLOW_FORKS`): the target's perf records it.
+            let slot = *self.by_target.get(&(trigger, target))?;
+            return (self.trigger(trigger).plan.follow_forks
+                && self.slots[slot].as_ref().is_some_and(Recorder::ready))
+            .then_some(slot);
         }
         let ancestor = match self.followers.get(&key) {
             Some(a) => *a,

@@ -28,6 +28,7 @@
 //! * [`report`]: `mt-agent report`, a run's moments as flame graphs.
 
 mod armer;
+mod btf;
 mod budget;
 mod caps;
 mod check;

@@ -46,6 +46,9 @@ pub struct TriggerPlan {
     pub use_uretprobe: bool,
     /// `--always-armed`: never detach the uprobes during a cooldown.
     pub always_armed: bool,
+    /// A `--pid` trigger also counts the calls of processes forked from
+    /// its target (on unless `--no-follow-forks`; off for `--exe`).
+    pub follow_forks: bool,
     pub after: Option<Duration>,
     pub max_snapshots: Option<u64>,
 }
@@ -313,6 +316,7 @@ fn trigger_plan(o: &TriggerOptions, name: String) -> Result<TriggerPlan, Failure
         },
         use_uretprobe: o.use_uretprobe,
         always_armed: o.always_armed,
+        follow_forks: o.pid.is_some() && !o.no_follow_forks,
         after: duration("after", &o.after)?,
         max_snapshots: o.max_snapshots,
     })
@@ -435,6 +439,32 @@ mod tests {
         ]))
         .unwrap();
         assert!(p.triggers[0].always_armed);
+    }
+
+    #[test]
+    fn pid_triggers_follow_forks_unless_told_not_to() {
+        let p = plan(&run_args(&["mt-agent", "--pid", "1", "-s", "f"])).unwrap();
+        assert!(p.triggers[0].follow_forks);
+        let p = plan(&run_args(&[
+            "mt-agent",
+            "--pid",
+            "1",
+            "-s",
+            "f",
+            "--no-follow-forks",
+        ]))
+        .unwrap();
+        assert!(!p.triggers[0].follow_forks);
+        // --exe follows forked processes its own way (its recorders).
+        let p = plan(&run_args(&["mt-agent", "--exe", "/bin/true", "-s", "f"])).unwrap();
+        assert!(!p.triggers[0].follow_forks);
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_file(
+            &dir,
+            "[[trigger]]\npid = 1\nsymbol = \"f\"\nno_follow_forks = true\n",
+        );
+        let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
+        assert!(!p.triggers[0].follow_forks);
     }
 
     #[test]

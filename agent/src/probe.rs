@@ -11,7 +11,7 @@
 
 use std::{io, num::NonZeroU32, path::PathBuf};
 
-use crate::{counters::Counters, error::Failure};
+use crate::{btf, counters::Counters, error::Failure};
 use agent_common::TriggerConfig;
 use aya::{
     Ebpf, EbpfLoader,
@@ -43,6 +43,10 @@ pub struct AttachPlan {
     pub path: PathBuf,
     /// Only this process fires the probes; None means every process.
     pub pid: Option<i32>,
+    /// The `--pid` trigger follows forks: its uprobes are attached
+    /// file-wide and the eBPF programs keep the calls of the processes in
+    /// `FOLLOWED` (the target and its children), see [`Probes::follow`].
+    pub follow_forks: bool,
     /// File offset of the entry probe.
     pub entry_offset: u64,
     /// Return probes, for `--slower-than`.
@@ -63,7 +67,13 @@ pub struct LoadOptions {
     /// The only trigger of the run, if there is one (skips reading the
     /// attach cookie on every hit).
     pub single_trigger: Option<u32>,
+    /// A trigger follows forks: find `task_struct.tgid` in the kernel's BTF
+    /// for `mt_fork`.
+    pub follow_forks: bool,
 }
+
+/// The running kernel's BTF.
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// The loaded programs and their links.
 pub struct Probes {
@@ -71,6 +81,8 @@ pub struct Probes {
     /// (program, trigger, link).
     links: Vec<(&'static str, u32, UProbeLinkId)>,
     exec_link: Option<RawTracePointLinkId>,
+    /// `mt_fork` and `mt_exit`, when a trigger follows forks.
+    fork_links: Vec<(&'static str, RawTracePointLinkId)>,
 }
 
 impl Probes {
@@ -80,7 +92,18 @@ impl Probes {
     pub fn load(opts: LoadOptions) -> Result<Self, Failure> {
         // aya-log level: 0 turns every log statement off in the kernel.
         let level: u8 = if opts.verbose { 0xff } else { 0 };
+        let tgid_offset = if opts.follow_forks {
+            btf::task_tgid_offset(std::path::Path::new(VMLINUX_BTF)).map_err(|e| {
+                Failure::environment(format!(
+                    "following the forks of a --pid target needs the kernel's BTF: {e}; \
+                     pass --no-follow-forks to do without"
+                ))
+            })?
+        } else {
+            0
+        };
         let mut ebpf = EbpfLoader::new()
+            .override_global("MT_TASK_TGID_OFFSET", &tgid_offset, true)
             .map_max_entries("HITS", opts.ring_bytes)
             .override_global("AYA_LOG_LEVEL", &level, true)
             .override_global(
@@ -111,6 +134,7 @@ impl Probes {
             ebpf,
             links: Vec::new(),
             exec_link: None,
+            fork_links: Vec::new(),
         })
     }
 
@@ -129,6 +153,7 @@ impl Probes {
     /// Errors: exit code 3 without privileges, 4 for other kernel refusals.
     pub fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
         let scope = match plan.pid {
+            Some(_) if plan.follow_forks => UProbeScope::AllProcesses,
             Some(pid) => UProbeScope::OneProcess(
                 NonZeroU32::new(pid as u32).ok_or_else(|| Failure::usage("pid 0"))?,
             ),
@@ -193,6 +218,53 @@ impl Probes {
         Ok(())
     }
 
+    /// Follows process `pid` and, from now on, every process forked from it
+    /// or from one of its followed children: writes `pid` into `FOLLOWED`
+    /// and, the first time, loads and attaches `mt_fork` and `mt_exit` to
+    /// the `sched_process_fork` and `sched_process_exit` raw tracepoints.
+    /// Needs [`LoadOptions::follow_forks`].
+    pub fn follow(&mut self, pid: i32) -> Result<(), Failure> {
+        let mut followed: HashMap<_, u32, u8> = HashMap::try_from(
+            self.ebpf
+                .map_mut("FOLLOWED")
+                .ok_or_else(|| Failure::runtime("map FOLLOWED missing"))?,
+        )
+        .map_err(|e| Failure::runtime(format!("map FOLLOWED: {e}")))?;
+        followed
+            .insert(pid as u32, 1, 0)
+            .map_err(|e| Failure::runtime(format!("writing map FOLLOWED: {e}")))?;
+        if !self.fork_links.is_empty() {
+            return Ok(());
+        }
+        for (name, tracepoint) in [
+            ("mt_fork", "sched_process_fork"),
+            ("mt_exit", "sched_process_exit"),
+        ] {
+            let prog: &mut RawTracePoint = self
+                .ebpf
+                .program_mut(name)
+                .and_then(|p| p.try_into().ok())
+                .ok_or_else(|| Failure::runtime(format!("program {name} missing")))?;
+            prog.load().map_err(|e| {
+                classify_with(&e, &format!("loading program {name}"), &[libc::EPERM])
+            })?;
+            let link = prog
+                .attach(tracepoint)
+                .map_err(|e| classify(&e, &format!("attaching to the {tracepoint} tracepoint")))?;
+            self.fork_links.push((name, link));
+        }
+        Ok(())
+    }
+
+    /// Whether process `pid` is in `FOLLOWED` now.
+    #[cfg(test)]
+    pub fn is_followed(&self, pid: i32) -> bool {
+        self.ebpf
+            .map("FOLLOWED")
+            .and_then(|m| HashMap::<_, u32, u8>::try_from(m).ok())
+            .is_some_and(|m| m.get(&(pid as u32), 0).is_ok())
+    }
+
     /// Detaches the probes of one trigger.
     pub fn detach_trigger(&mut self, trigger: u32) {
         let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
@@ -240,6 +312,15 @@ impl Probes {
                 .and_then(|p| <&mut RawTracePoint>::try_from(p).ok())
         {
             let _ = prog.detach(link);
+        }
+        for (name, link) in std::mem::take(&mut self.fork_links) {
+            if let Some(prog) = self
+                .ebpf
+                .program_mut(name)
+                .and_then(|p| <&mut RawTracePoint>::try_from(p).ok())
+            {
+                let _ = prog.detach(link);
+            }
         }
     }
 

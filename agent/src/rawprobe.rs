@@ -45,7 +45,7 @@ fn uprobe_pmu_type() -> io::Result<u32> {
 }
 
 /// Attaches `prog` as a uprobe (a uretprobe if `ret`) at `path`+`offset`
-/// in process `pid`, with `cookie`.
+/// in process `pid` (-1: every process), with `cookie`.
 pub fn attach(
     prog: BorrowedFd<'_>,
     path: &Path,
@@ -68,7 +68,10 @@ pub fn attach(
             libc::SYS_perf_event_open,
             attr.as_ptr(),
             libc::c_long::from(pid),
-            -1 as libc::c_long,       // any CPU
+            // Any CPU; perf_event_open refuses pid -1 with cpu -1, and a
+            // program attached to a uprobe runs on every CPU whatever the
+            // event's CPU (as aya does for its file-wide uprobes).
+            libc::c_long::from(if pid == -1 { 0 } else { -1 }),
             -1 as libc::c_long,       // no group
             libc::c_ulong::from(8u8), // PERF_FLAG_FD_CLOEXEC
         )

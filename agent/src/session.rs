@@ -281,6 +281,9 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
             // rate and count.
             cfg.flags |= agent_common::CFG_PER_PROCESS;
         }
+        if t.follow_forks && matches!(watch, Watch::Pid(_)) {
+            cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+        }
         resolved.push(Resolved {
             res,
             watch,
@@ -300,6 +303,14 @@ fn spawn_loader(
     perf_version: JoinHandle<Result<String, Failure>>,
 ) -> std::io::Result<JoinHandle<Result<Probes, Failure>>> {
     let configs: Vec<_> = resolved.iter().map(|r| r.cfg).collect();
+    let followed: Vec<i32> = resolved
+        .iter()
+        .filter(|r| r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0)
+        .filter_map(|r| match r.watch {
+            Watch::Pid(p) => Some(p),
+            Watch::Exe { .. } => None,
+        })
+        .collect();
     let load = LoadOptions {
         ring_bytes: plan.ring_bytes,
         verbose: args.verbose,
@@ -310,6 +321,9 @@ fn spawn_loader(
             .iter()
             .any(|r| matches!(r.returns, Some(Returns::Uretprobe))),
         single_trigger: (resolved.len() == 1).then_some(0),
+        follow_forks: resolved
+            .iter()
+            .any(|r| r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0),
     };
     std::thread::Builder::new()
         .name("mt-agent-load".into())
@@ -322,6 +336,9 @@ fn spawn_loader(
                 probes.configure(i as u32, cfg).map_err(|e| {
                     Failure::runtime(format!("writing the trigger settings: {e:#}"))
                 })?;
+            }
+            for pid in followed {
+                probes.follow(pid)?;
             }
             Ok(probes)
         })
@@ -349,6 +366,7 @@ fn trigger_setups(
                 trigger: index,
                 path: r.res.object.open_path.clone(),
                 pid,
+                follow_forks: r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0,
                 entry_offset: r.res.attach_offset,
                 returns: r.returns,
             },

@@ -28,11 +28,13 @@ pub use tempfile::TempDir;
 pub mod cdp;
 
 /// Our eBPF program names as the kernel lists them.
-pub const PROGRAM_NAMES: [&str; 5] = [
+pub const PROGRAM_NAMES: [&str; 7] = [
     "mt_entry",
     "mt_return",
     "mt_uretprobe",
     "mt_exec",
+    "mt_fork",
+    "mt_exit",
     "mt_floor",
 ];
 

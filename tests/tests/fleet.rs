@@ -319,3 +319,133 @@ fn exe_follows_forked_workers_with_the_masters_perf() {
     let s = run.summary().unwrap();
     assert_eq!(s["unrecorded_hits"], 0, "{s}");
 }
+
+/// The pids the prefork target printed for its workers.
+fn worker_pids(master: &Target) -> Vec<i64> {
+    master
+        .proc
+        .stdout()
+        .iter()
+        .filter_map(|l| l.strip_prefix("worker ")?.trim().parse().ok())
+        .collect()
+}
+
+#[test]
+fn pid_follows_forked_workers_with_the_targets_perf() {
+    // As above, with `--pid MASTER`: the workers, forked after the agent
+    // attached, call handle_request; the master never does. The cooldown
+    // is one per trigger (the target's perf), so it is off here: each
+    // worker's call must be listed.
+    let mut master = Target::start(&target_path("prefork"), &["3", "2"]);
+    let pid = master.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "handle_request",
+        "--after",
+        "100ms",
+        "--cooldown",
+        "0",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let loaded = our_loaded_programs();
+    assert!(
+        loaded.iter().any(|n| n == "mt_fork") && loaded.iter().any(|n| n == "mt_exit"),
+        "fork following's programs not loaded: {loaded:?}"
+    );
+    let perfs = PerfCounter::start(&agent.out);
+    master.go();
+    master.wait(Duration::from_secs(30));
+    let most_perfs = perfs.most();
+    agent.proc.signal(libc::SIGINT);
+    // `finish` also checks that no program of ours is left loaded.
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let workers = worker_pids(&master);
+    assert_eq!(workers.len(), 6, "{:?}", master.proc.stdout());
+    assert_eq!(most_perfs, 1, "perf processes at once\n{}", run.output());
+    let index = read_index(&run.out.join("snapshots.jsonl"));
+    for w in &workers {
+        let entry = index
+            .iter()
+            .filter(|e| e["kind"] == "hit")
+            .find(|e| {
+                e["hits"]
+                    .as_array()
+                    .is_some_and(|hs| hs.iter().any(|h| h["tgid"] == *w))
+            })
+            .unwrap_or_else(|| panic!("no snapshot lists worker {w}: {index:?}"));
+        let file = run.out.join(entry["file"].as_str().unwrap());
+        let samples = perf_samples(&file);
+        assert!(
+            samples.iter().any(|s| i64::from(s.pid) == *w),
+            "{} holds no sample of worker {w}",
+            file.display()
+        );
+    }
+    let s = run.summary().unwrap();
+    let c = &s["counters"];
+    // Only the workers call it, once each; the master's tgid and theirs
+    // are the only ones counted.
+    assert_eq!(c["seen"], 6, "{s}");
+    assert_eq!(c["accepted"], 6, "{s}");
+    assert_eq!(s["unrecorded_hits"], 0, "{s}");
+}
+
+#[test]
+fn pid_with_no_follow_forks_ignores_workers() {
+    let mut master = Target::start(&target_path("prefork"), &["3", "1"]);
+    let pid = master.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "handle_request",
+        "--cooldown",
+        "0",
+        "--no-follow-forks",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let loaded = our_loaded_programs();
+    assert!(
+        !loaded.iter().any(|n| n == "mt_fork" || n == "mt_exit"),
+        "fork following's programs loaded without following: {loaded:?}"
+    );
+    master.go();
+    master.wait(Duration::from_secs(30));
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!(worker_pids(&master).len(), 3, "{:?}", master.proc.stdout());
+    let s = run.summary().unwrap();
+    assert_eq!(s["counters"]["seen"], 0, "{s}");
+    assert_eq!(s["counters"]["accepted"], 0, "{s}");
+    let index = read_index(&run.out.join("snapshots.jsonl"));
+    assert!(
+        index.iter().all(|e| e["kind"] != "hit"),
+        "a worker's call triggered: {index:?}"
+    );
+}
+
+#[test]
+fn a_killed_agent_following_forks_leaves_no_program() {
+    let mut master = Target::start(&target_path("prefork"), &["3", "1"]);
+    let pid = master.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "handle_request", "--json"]);
+    agent.wait_armed();
+    let loaded = our_loaded_programs();
+    assert!(
+        loaded.iter().any(|n| n == "mt_fork"),
+        "mt_fork not loaded: {loaded:?}"
+    );
+    agent.proc.signal(libc::SIGKILL);
+    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
+    assert_eq!(status.code(), None);
+    // The kernel drops the tracepoints and uprobes with our fds.
+    assert_no_programs_loaded("after SIGKILL of an agent following forks");
+    master.go();
+    master.wait(Duration::from_secs(30));
+}

@@ -253,6 +253,8 @@ impl Driver {
             return None;
         }
         let plan = t.plan.clone();
+        // A trigger following forks has file-wide uprobes (-1: every process).
+        let pid = if plan.follow_forks { -1 } else { pid };
         let mut points = vec![("mt_entry", plan.entry_offset, false)];
         match &plan.returns {
             None => {}

@@ -104,6 +104,7 @@ impl Traced {
             ring_bytes,
             verbose: false,
             single_trigger: (triggers.len() == 1).then_some(0),
+            follow_forks: false,
         })
         .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
         for (i, (f, filters)) in triggers.iter().enumerate() {
@@ -118,6 +119,7 @@ impl Traced {
                     trigger,
                     path,
                     pid: Some(std::process::id() as i32),
+                    follow_forks: false,
                     entry_offset,
                     returns: uretprobe.then_some(Returns::Uretprobe),
                 })
@@ -593,4 +595,68 @@ fn taken_links_detach_on_drop_and_a_raw_attach_counts_for_its_cookie() {
         .map(|h| h.args[0])
         .collect();
     assert_eq!(args, vec![1, 3, 4, 5]);
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn following_forks_counts_the_followed_process_and_its_children_only() {
+    let _one = serial();
+    let mut probes = Probes::load(LoadOptions {
+        returns: false,
+        uretprobe: false,
+        ring_bytes: DEFAULT_RING_BYTES,
+        verbose: false,
+        single_trigger: Some(0),
+        follow_forks: true,
+    })
+    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let mut cfg = trigger_config(&Filters::default(), false).expect("valid filters");
+    cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+    probes.configure(0, &cfg).expect("writing CONFIG");
+    let me = std::process::id() as i32;
+    let (path, entry_offset) = location(mt_kernel_test_first);
+    probes
+        .attach(&AttachPlan {
+            trigger: 0,
+            path,
+            pid: Some(me),
+            follow_forks: true,
+            entry_offset,
+            returns: None,
+        })
+        .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let counters = probes.take_counters().expect("COUNTERS map");
+    let mut ring = probes.take_ring().expect("HITS ring buffer");
+    // Not followed yet: the file-wide uprobe fires, the call counts nowhere.
+    call(mt_kernel_test_first, 1, 2, 3);
+    assert_eq!(counters.read(0).seen, 0);
+    probes.follow(me).unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    call(mt_kernel_test_first, 1, 2, 3);
+    assert_eq!(counters.read(0).seen, 1);
+    // A child forked now is followed from its first instruction.
+    // SAFETY: the child only calls a plain function and `_exit`s.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        for i in 0..3 {
+            call(mt_kernel_test_first, i, 0, 0);
+        }
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    let c = counters.read(0);
+    assert_eq!((c.seen, c.accepted), (4, 4), "{c:?}");
+    let mut tgids = Vec::new();
+    while let Some(item) = ring.next() {
+        // SAFETY: a `Hit` record written by the eBPF program.
+        let hit: Hit = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        tgids.push(hit.tgid as i32);
+    }
+    assert_eq!(tgids, [me, child, child, child]);
+    // The child has exited: mt_exit forgot it; this process stays.
+    assert!(!probes.is_followed(child));
+    assert!(probes.is_followed(me));
 }
