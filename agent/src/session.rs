@@ -282,7 +282,18 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
             cfg.flags |= agent_common::CFG_PER_PROCESS;
         }
         if t.follow_forks && matches!(watch, Watch::Pid(_)) {
-            cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+            if res.object.is_main {
+                cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+            } else {
+                // Following puts the uprobe on the file for every process:
+                // on a shared library (libc) every process of the host
+                // would trap there. Only the target's own executable is.
+                reporter.verbose(&format!(
+                    "forks are not followed: {} is a shared library, and a probe on it for \
+                     every process would cost every process that maps it",
+                    res.object.path.display()
+                ));
+            }
         }
         resolved.push(Resolved {
             res,
