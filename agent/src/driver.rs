@@ -787,15 +787,7 @@ impl Driver {
                 // Ready: the state machine takes it (while stopping, it goes
                 // into the tail).
                 Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::ready) => {
-                    let feedback = self.slots[slot]
-                        .as_mut()
-                        .map(|r| r.on_hit(ih.clone(), now))
-                        .unwrap_or_default();
-                    // Signal perf first; report after.
-                    self.setup.reporter.hit(&ih);
-                    if feedback.limit_reached {
-                        self.limit_reached(slot);
-                    }
+                    self.deliver(slot, ih, now);
                 }
                 // perf is starting: nothing records this process yet.
                 Some(_) => self.unrecorded += 1,
@@ -803,16 +795,7 @@ impl Driver {
                 // ancestor's perf follows it already (`perf record -p`
                 // inherits into children), so its hit switches that perf,
                 // and the process gets no perf of its own.
-                None if let Some(slot) = self.follower_slot(key) => {
-                    let feedback = self.slots[slot]
-                        .as_mut()
-                        .map(|r| r.on_hit(ih.clone(), now))
-                        .unwrap_or_default();
-                    self.setup.reporter.hit(&ih);
-                    if feedback.limit_reached {
-                        self.limit_reached(slot);
-                    }
-                }
+                None if let Some(slot) = self.follower_slot(key) => self.deliver(slot, ih, now),
                 _ => {
                     self.unrecorded += 1;
                     // A process of a traced executable that we did not see
@@ -822,6 +805,19 @@ impl Driver {
             }
             // perf has its signal: now the probes may go.
             self.disarm_after_hit(hit.trigger, hit.ktime_ns);
+        }
+    }
+
+    /// Hands a hit to a ready recorder: perf is signalled first, the hit
+    /// reported after.
+    fn deliver(&mut self, slot: usize, ih: IndexedHit, now: Now) {
+        let feedback = self.slots[slot]
+            .as_mut()
+            .map(|r| r.on_hit(ih.clone(), now))
+            .unwrap_or_default();
+        self.setup.reporter.hit(&ih);
+        if feedback.limit_reached {
+            self.limit_reached(slot);
         }
     }
 
