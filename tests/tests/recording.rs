@@ -153,12 +153,19 @@ fn max_disk_keeps_the_newest_snapshots_within_the_budget() {
         }
     }
     assert!(kept <= budget, "{kept} bytes kept over a {budget} budget");
-    // The oldest went first: the newest hit and the tail are kept.
-    let newest = hits.last().unwrap()["file"].as_str().unwrap();
-    assert!(
-        !deleted.contains(&newest),
-        "the newest snapshot was deleted"
+    // The oldest went first: the deleted files are the first ones listed,
+    // and the newest snapshot (the tail, written last) is kept.
+    let listed: Vec<&str> = run
+        .index
+        .iter()
+        .filter(|e| e["kind"] != "deleted")
+        .map(|e| e["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &listed[..deleted.len()],
+        &deleted[..],
+        "not the oldest first: listed {listed:?}, deleted {deleted:?}"
     );
-    let first = hits[0]["file"].as_str().unwrap();
-    assert!(deleted.contains(&first), "the oldest snapshot was kept");
+    let newest = listed.last().unwrap();
+    assert!(!deleted.contains(newest), "the newest snapshot was deleted");
 }
