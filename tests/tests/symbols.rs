@@ -296,10 +296,18 @@ fn an_offset_on_a_boundary_is_accepted() {
 }
 
 #[test]
-fn forked_children_do_not_trigger() {
+fn forked_children_do_not_trigger_with_no_follow_forks() {
+    // (Following forks, the default, is tested in fleet.rs.)
     let mut t = Target::start(&target_path("target"), &["fork"]);
     let pid = t.pid().to_string();
-    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--no-follow-forks",
+        "--json",
+    ]);
     agent.wait_armed();
     t.go();
     t.wait(Duration::from_secs(10));
