@@ -327,21 +327,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
             return;
         }
     };
-    let help = perf::command(&path)
-        .args(["record", "-h"])
-        .output()
-        .map(|o| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        })
-        .unwrap_or_default();
-    let missing: Vec<&str> = ["--switch-output", "--control"]
-        .into_iter()
-        .filter(|o| !help.contains(o))
-        .collect();
+    let missing = missing_record_options(&path);
     if !missing.is_empty() {
         r.fail(
             "perf",
@@ -393,6 +379,25 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
             "check that perf record works as this user",
         ),
     }
+}
+
+/// The `perf record` options mt-agent needs that `path`'s help lacks.
+fn missing_record_options(path: &Path) -> Vec<&'static str> {
+    let help = perf::command(path)
+        .args(["record", "-h"])
+        .output()
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default();
+    ["--switch-output", "--control"]
+        .into_iter()
+        .filter(|o| !help.contains(o))
+        .collect()
 }
 
 fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {

@@ -417,7 +417,15 @@ impl Reporter {
         } else {
             String::new()
         };
-        let d = &s.disarm;
+        self.disarm_lines(&s.disarm);
+        self.print(&format!(
+            "ended: {} after {:.1} s{perf}{unsnap}{unrecorded}",
+            s.end, s.duration_s
+        ));
+    }
+
+    /// The summary's lines on disarming, when there was any.
+    fn disarm_lines(&self, d: &crate::disarm::DisarmSummary) {
         if d.cycles > 0 {
             let late = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
             self.print(&format!(
@@ -431,14 +439,10 @@ impl Reporter {
         if d.kept_armed > 0 {
             self.print(&format!(
                 "kept armed after {} hits: a detach and an attach take longer than \
-                 what was left of the cooldown",
+                     what was left of the cooldown",
                 d.kept_armed
             ));
         }
-        self.print(&format!(
-            "ended: {} after {:.1} s{perf}{unsnap}{unrecorded}",
-            s.end, s.duration_s
-        ));
     }
 
     /// `error`: one line (plus detail lines) on stderr, or a JSON event.

@@ -148,7 +148,7 @@ impl PerfSpec {
             format!("fd:{ctl_fd},{ack_fd}").into(),
             // Build-ids in the MMAP2 events (kernel 5.12+): --switch-output
             // turns off perf's own build-id collection, and the report finds
-            // each object by build-id in OUT/.debug (crate::symcache).
+            // each object by build-id in OUT/.debug (see symcache.rs).
             "--buildid-mmap".into(),
         ]);
         if let Some(n) = self.keep {
