@@ -14,9 +14,15 @@ use std::{
     process::{Command, Stdio},
 };
 
-/// The fields asked of `perf script`: thread, time (ns with `--ns`), and
-/// the call chain as address, symbol and object.
-const FIELDS: &str = "tid,time,ip,sym,dso";
+/// The fields asked of `perf script`: thread, time (ns with `--ns`), the
+/// event's name and a tracepoint's fields (`trace`), and the call chain as
+/// address, symbol and object. With `--show-switch-events` perf also prints
+/// the `PERF_RECORD_SWITCH` records (off-CPU breakdown runs record them).
+const FIELDS: &str = "tid,time,event,trace,ip,sym,dso";
+
+/// The tracepoint an off-CPU breakdown run records beside the sampling
+/// event: one sample per switch-out of a target thread.
+pub const SCHED_SWITCH: &str = "sched:sched_switch";
 
 /// One sample: a thread, a time and a call chain.
 #[derive(Debug, Clone, Copy)]
@@ -29,10 +35,36 @@ pub struct Sample {
     len: u32,
 }
 
+/// A `sched:sched_switch` sample: taken in the thread's context just
+/// before it leaves the CPU, with its call chain (kernel frames, then user
+/// frames) and the thread's state (`prev_state`: `S`, `D`, `R`, `R+`...).
+#[derive(Debug, Clone)]
+pub struct SwitchSample {
+    pub sample: Sample,
+    pub prev_state: String,
+}
+
+/// A `PERF_RECORD_SWITCH` record of a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchRecord {
+    pub tid: u32,
+    /// CLOCK_MONOTONIC, ns.
+    pub time_ns: u64,
+    /// `OUT` (the thread leaves the CPU) or `IN`.
+    pub out: bool,
+    /// `OUT preempt`: the thread was preempted, it stays runnable.
+    pub preempt: bool,
+}
+
 /// The samples of one snapshot file, with interned frame names.
 #[derive(Debug, Default)]
 pub struct Samples {
+    /// The sampling event's samples (the CPU flame graphs' input).
     pub samples: Vec<Sample>,
+    /// `sched:sched_switch` samples, in file order.
+    pub switch_samples: Vec<SwitchSample>,
+    /// `PERF_RECORD_SWITCH` records, in file order.
+    pub switches: Vec<SwitchRecord>,
     /// Frame ids of every call chain, leaf first, back to back.
     frames: Vec<u32>,
     names: Vec<String>,
@@ -61,6 +93,30 @@ impl Samples {
         self.ids.insert(name.to_string(), id);
         id
     }
+
+    /// Files a finished sample where its event belongs.
+    fn finish(&mut self, open: Option<Open>) {
+        match open {
+            Some(Open::Cpu(s)) => self.samples.push(s),
+            Some(Open::Switch(s)) => self.switch_samples.push(s),
+            None => {}
+        }
+    }
+}
+
+/// A sample whose frames are being read.
+enum Open {
+    Cpu(Sample),
+    Switch(SwitchSample),
+}
+
+impl Open {
+    fn sample(&mut self) -> &mut Sample {
+        match self {
+            Open::Cpu(s) => s,
+            Open::Switch(s) => &mut s.sample,
+        }
+    }
 }
 
 /// A perf command for the report: perf's top-level `--buildid-dir` is set
@@ -84,11 +140,19 @@ pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
 pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samples, String> {
     let fd = file.as_raw_fd();
     let mut cmd = perf_command(perf, buildid_dir);
-    cmd.args(["script", "--header", "--ns", "-F", FIELDS, "-i"])
-        .arg(format!("/proc/self/fd/{fd}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "script",
+        "--header",
+        "--ns",
+        "--show-switch-events",
+        "-F",
+        FIELDS,
+        "-i",
+    ])
+    .arg(format!("/proc/self/fd/{fd}"))
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     // SAFETY: fcntl is async-signal-safe; it clears FD_CLOEXEC on the
     // child's copy of the descriptor only.
     unsafe {
@@ -126,13 +190,16 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
     Ok(samples)
 }
 
-/// Parses `perf script -F tid,time,ip,sym,dso --ns` output: a header line
-/// per sample (`  TID SECONDS.NANOS:`), then one line per frame
-/// (`\tADDR SYM (DSO)`), leaf first, then a blank line.
+/// Parses `perf script -F tid,time,event,trace,ip,sym,dso --ns
+/// --show-switch-events` output: a header line per sample
+/// (`  TID SECONDS.NANOS: EVENT: [TRACE]`), then one line per frame
+/// (`\tADDR SYM (DSO)`), leaf first, then a blank line; and a line per
+/// switch record (`TID SECONDS.NANOS: PERF_RECORD_SWITCH OUT preempt`).
+/// A header without an event (`-F tid,time,...`) is a sampling event's.
 pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
     let mut out = Samples::default();
     let mut line = Vec::new();
-    let mut current: Option<Sample> = None;
+    let mut current: Option<Open> = None;
     loop {
         line.clear();
         if reader.read_until(b'\n', &mut line)? == 0 {
@@ -147,9 +214,7 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
             continue;
         }
         if text.trim().is_empty() {
-            if let Some(s) = current.take() {
-                out.samples.push(s);
-            }
+            out.finish(current.take());
             continue;
         }
         if text.starts_with('\t') {
@@ -157,32 +222,81 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
                 let name = frame_name(text.trim_start());
                 let id = out.intern(&name);
                 out.frames.push(id);
-                s.len += 1;
+                s.sample().len += 1;
             }
             continue;
         }
-        if let Some(s) = current.take() {
-            out.samples.push(s);
-        }
-        current = header(text).map(|(tid, time_ns)| Sample {
-            tid,
-            time_ns,
-            start: out.frames.len() as u32,
-            len: 0,
-        });
+        out.finish(current.take());
+        current = start_line(&mut out, text);
     }
-    if let Some(s) = current.take() {
-        out.samples.push(s);
-    }
+    out.finish(current.take());
     Ok(out)
 }
 
-/// `  4243 330734.672679123:` → (4243, 330734672679123).
-fn header(text: &str) -> Option<(u32, u64)> {
-    let mut it = text.split_whitespace();
-    let tid = it.next()?.parse().ok()?;
-    let time = it.next()?.strip_suffix(':')?;
-    Some((tid, parse_ns(time)?))
+/// A line that starts a sample (returned, its frames follow) or is a
+/// switch record (kept in `out`).
+fn start_line(out: &mut Samples, text: &str) -> Option<Open> {
+    let (tid, time_ns, rest) = header(text)?;
+    if rest.starts_with("PERF_RECORD_") {
+        // A side-band record, not a sample: only switches are kept.
+        if let Some((out_, preempt)) = switch_record(rest) {
+            out.switches.push(SwitchRecord {
+                tid,
+                time_ns,
+                out: out_,
+                preempt,
+            });
+        }
+        return None;
+    }
+    let sample = Sample {
+        tid,
+        time_ns,
+        start: out.frames.len() as u32,
+        len: 0,
+    };
+    let (event, trace) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    if event.strip_suffix(':') == Some(SCHED_SWITCH) {
+        return Some(Open::Switch(SwitchSample {
+            sample,
+            prev_state: prev_state(trace).unwrap_or("?").to_string(),
+        }));
+    }
+    Some(Open::Cpu(sample))
+}
+
+/// `PERF_RECORD_SWITCH OUT preempt` → (out, preempt); `IN` → (false,
+/// false). perf prints `PERF_RECORD_SWITCH_CPU_WIDE` for system-wide runs,
+/// with the other task's ids after it.
+fn switch_record(rest: &str) -> Option<(bool, bool)> {
+    let mut it = rest.split_whitespace();
+    let kind = it.next()?;
+    if kind != "PERF_RECORD_SWITCH" && kind != "PERF_RECORD_SWITCH_CPU_WIDE" {
+        return None;
+    }
+    match it.next()? {
+        "IN" => Some((false, false)),
+        "OUT" => Some((true, it.next() == Some("preempt"))),
+        _ => None,
+    }
+}
+
+/// `prev_comm=x prev_pid=1 prev_prio=120 prev_state=S ==> ...` → `S`.
+fn prev_state(trace: &str) -> Option<&str> {
+    trace
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("prev_state="))
+}
+
+/// `  4243 330734.672679123: REST` → (4243, 330734672679123, REST).
+fn header(text: &str) -> Option<(u32, u64, &str)> {
+    let text = text.trim_start();
+    let (tid, rest) = text.split_once(char::is_whitespace)?;
+    let tid = tid.parse().ok()?;
+    let rest = rest.trim_start();
+    let (time, rest) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let time = time.strip_suffix(':')?;
+    Some((tid, parse_ns(time)?, rest.trim()))
 }
 
 /// `SECONDS.NANOS` → ns.
@@ -242,5 +356,83 @@ mod tests {
         let b = s.samples[1];
         assert_eq!((b.tid, b.time_ns), (7, 1_500_000_000));
         assert_eq!(s.name(s.stack(&b)[0]), "do_syscall_64");
+    }
+
+    /// Captured from perf 6.1: `perf record -e cpu-clock/freq=999/ -e
+    /// sched:sched_switch --switch-events --call-graph dwarf,8192 -k
+    /// CLOCK_MONOTONIC` of two threads ping-ponging through pipes, then
+    /// `perf script --header --ns --show-switch-events -F` [`FIELDS`].
+    const SCHED_SWITCH_RUN: &str = include_str!("testdata/sched_switch.script");
+
+    #[test]
+    fn sched_switch_samples_and_switch_records_stay_apart() {
+        let s = parse(SCHED_SWITCH_RUN.as_bytes()).unwrap();
+        assert!(s.cmdline.as_deref().unwrap().contains("--switch-events"));
+        // Only the sampling event's samples feed the CPU flame graphs.
+        assert_eq!(s.samples.len(), 6);
+        let names = |x: &Sample| -> Vec<&str> { s.stack(x).iter().map(|&i| s.name(i)).collect() };
+        assert!(s.samples.iter().all(|x| names(x)[0] == "compute_part"));
+        assert_eq!(s.switch_samples.len(), 5);
+        let first = &s.switch_samples[0];
+        assert_eq!((first.sample.tid, first.prev_state.as_str()), (30139, "R"));
+        let blocked = &s.switch_samples[1];
+        assert_eq!(blocked.sample.time_ns, 13_735_891_410_053);
+        assert_eq!(blocked.prev_state, "S");
+        let chain = names(&blocked.sample);
+        // Kernel frames, then the DWARF-unwound user frames.
+        assert_eq!(chain[..3], ["__schedule", "schedule", "anon_pipe_read"]);
+        assert!(chain.ends_with(&[
+            "wait_part",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ]));
+        assert_eq!(s.switches.len(), 10);
+        assert_eq!(
+            s.switches[..3],
+            [
+                SwitchRecord {
+                    tid: 30139,
+                    time_ns: 13_735_890_726_969,
+                    out: true,
+                    preempt: true
+                },
+                SwitchRecord {
+                    tid: 30139,
+                    time_ns: 13_735_890_800_448,
+                    out: false,
+                    preempt: false
+                },
+                SwitchRecord {
+                    tid: 30139,
+                    time_ns: 13_735_891_421_650,
+                    out: true,
+                    preempt: false
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn odd_switch_lines() {
+        let text = "  9 2.000000001: sched:sched_switch: prev_comm=a b prev_pid=9 prev_prio=120 prev_state=D ==> next_comm=c\n\tffff io_schedule ([kernel.kallsyms])\n\n\
+                    9 2.5: PERF_RECORD_SWITCH_CPU_WIDE OUT preempt  next pid/tid:    1/1\n\
+                    9 3: PERF_RECORD_SWITCH SIDEWAYS\n\
+                    9 4.0: sched:sched_switch: no state here\n\n";
+        let s = parse(text.as_bytes()).unwrap();
+        assert_eq!(s.switch_samples.len(), 2);
+        assert_eq!(s.switch_samples[0].prev_state, "D");
+        assert_eq!(s.switch_samples[1].prev_state, "?");
+        assert!(s.samples.is_empty());
+        assert_eq!(
+            s.switches,
+            [SwitchRecord {
+                tid: 9,
+                time_ns: 2_500_000_000,
+                out: true,
+                preempt: true
+            }]
+        );
     }
 }
