@@ -11,7 +11,7 @@ use super::{
     Page,
     model::{FileReport, HitReport, Status},
     moments::{self, Folded},
-    runinfo,
+    offcpu_page, runinfo,
 };
 use crate::output::human_ns;
 
@@ -40,8 +40,9 @@ pub fn page(p: &Page) -> String {
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     let _ = write!(
         h,
-        "<title>mt-agent report: {}</title><style>{STYLE}</style><script>{SCRIPT}</script></head><body>",
-        esc(&p.out.display().to_string())
+        "<title>mt-agent report: {}</title><style>{STYLE}{}</style><script>{SCRIPT}</script></head><body>",
+        esc(&p.out.display().to_string()),
+        offcpu_page::STYLE
     );
     let _ = write!(
         h,
@@ -193,6 +194,7 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
         esc(&display_file(f)),
         x.tid
     );
+    offcpu_page::bar(h, hit);
     if f.status != Status::Read {
         let _ = write!(
             h,
@@ -233,6 +235,7 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
         );
     }
     graph(h, "The moment on the hit's thread", &hit.moment, "moment");
+    offcpu_page::graph(h, hit);
     graph(
         h,
         "The whole process over the whole snapshot",
@@ -270,7 +273,7 @@ fn diff_graph(h: &mut String, hit: &HitReport) {
     embed(h, title, &lines, &mut opt, "diff");
 }
 
-fn options(title: String) -> Options<'static> {
+pub(super) fn options(title: String) -> Options<'static> {
     let mut o = Options::default();
     o.title = title;
     o.count_name = "samples".into();
@@ -279,7 +282,13 @@ fn options(title: String) -> Options<'static> {
 }
 
 /// Renders folded lines with inferno and embeds the SVG in an iframe.
-fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_>, class: &str) {
+pub(super) fn embed(
+    h: &mut String,
+    title: &str,
+    lines: &[String],
+    opt: &mut Options<'_>,
+    class: &str,
+) {
     let _ = write!(h, "<h4>{}</h4>", esc(title));
     if lines.is_empty() {
         h.push_str("<p class=\"note\">No samples.</p>");

@@ -6,6 +6,8 @@
 //!   `--buildid-dir` to the run's build-id cache);
 //! * [`model`]: every snapshot read, in parallel, into folded stacks;
 //! * [`moments`]: a hit's moment, folding, shares, the differential;
+//! * [`offcpu`]: a hit's off-CPU breakdown and blocked stacks;
+//!   [`offcpu_page`]: their part of the page;
 //! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
 //! * [`runfile`]: `OUT/run.json`, the triggers a capture run records for
 //!   the report.
@@ -18,6 +20,8 @@
 mod html;
 mod model;
 mod moments;
+mod offcpu;
+mod offcpu_page;
 mod runfile;
 mod runinfo;
 mod runs;
@@ -207,6 +211,10 @@ fn write_all(p: &Page) -> Result<PathBuf, Failure> {
                 moments::folded_text(&h.moment).as_bytes(),
             )
             .map_err(fail)?;
+            if let Some(o) = &h.off_cpu {
+                write::replace(&name(&o.file), moments::folded_text(&o.folded).as_bytes())
+                    .map_err(fail)?;
+            }
         }
     }
     let path = p.out.join(PAGE);
@@ -265,5 +273,10 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         },
         "rest_of_thread_samples": moments::total(&h.rest),
         "diff": moments::deltas(&h.moment, &h.rest, 10),
+        "off_cpu_from_ns": x.off_cpu_from_ns,
+        "on_cpu_ns": x.on_cpu_ns,
+        "runnable_ns": x.runnable_ns,
+        "blocked_ns": x.blocked_ns,
+        "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
     })
 }

@@ -11,6 +11,7 @@ use std::{
 
 use super::{
     moments::{self, Folded, Span},
+    offcpu::{self, OffCpu},
     runs::{Entry, Hit, RunDir, open_regular},
     samples::{self, Samples},
 };
@@ -64,6 +65,8 @@ pub struct HitReport {
     pub rest: Folded,
     /// Name of the folded file of the moment, relative to OUT/report.
     pub moment_file: PathBuf,
+    /// The off-CPU breakdown, when the run recorded one (`--off-cpu`).
+    pub off_cpu: Option<OffCpu>,
 }
 
 /// One snapshot file.
@@ -157,12 +160,14 @@ fn hit_report(rep: &FileReport, h: &Hit, window_ns: u64) -> HitReport {
     } else {
         format!("{}.moment.folded", rep.entry.file)
     };
+    let moment_file = rep.dir.join(name);
     HitReport {
         hit: h.clone(),
         span: moments::span(h, window_ns),
         moment: Vec::new(),
         rest: Vec::new(),
-        moment_file: rep.dir.join(name),
+        off_cpu: offcpu::from_index(h, &moment_file),
+        moment_file,
     }
 }
 
@@ -178,6 +183,9 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
         let sp = hr.span;
         hr.moment = moments::fold(s, |x| sp.contains(x));
         hr.rest = moments::fold(s, |x| x.tid == sp.tid && !sp.contains(x));
+        if let Some(o) = hr.off_cpu.as_mut() {
+            offcpu::add_stacks(o, s, h.tid);
+        }
         rep.hits.push(hr);
     }
 }

@@ -274,6 +274,7 @@ mod tests {
             duration_ns: Some(1_000),
             retval: None,
             merged: false,
+            ..Hit::default()
         };
         let s = span(&h, 3_000);
         assert_eq!((s.start_ns, s.end_ns, s.call), (4_000, 5_000, true));

@@ -23,7 +23,7 @@ use crate::index::INDEX_FILE;
 const MAX_DEPTH: usize = 4;
 
 /// One hit, as `snapshots.jsonl` lists it (see the README's "Output").
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct Hit {
     pub seq: u64,
     pub tgid: u32,
@@ -39,6 +39,13 @@ pub struct Hit {
     pub retval: Option<u64>,
     #[serde(default)]
     pub merged: bool,
+    /// Off-CPU breakdown (`--off-cpu`): the window is `[off_cpu_from_ns,
+    /// ktime_ns]`, CLOCK_MONOTONIC ns, and the hit's thread spent it on
+    /// CPU, runnable and blocked (ns, adding up to the window's length).
+    pub off_cpu_from_ns: Option<u64>,
+    pub on_cpu_ns: Option<u64>,
+    pub runnable_ns: Option<u64>,
+    pub blocked_ns: Option<u64>,
 }
 
 /// One `hit` or `tail` line of the index.

@@ -1,0 +1,119 @@
+//! A hit's off-CPU part of the page: a bar of its window in three kinds (on
+//! CPU, runnable, blocked), a flame graph of its blocked time (weights in
+//! µs) and its heaviest blocked stacks.
+
+use std::fmt::Write as _;
+
+use inferno::flamegraph::color::{BasicPalette, Palette};
+
+use super::{
+    html::{embed, esc, options},
+    model::HitReport,
+    offcpu::{self, OffCpu},
+};
+
+/// The bar's style, added to the page's.
+pub const STYLE: &str = ".ocbar{display:flex;height:20px;max-width:900px;border:1px solid #888;margin:4px 0}\
+.ocbar span{display:block;height:100%}.oc-on{background:#e0793a}.oc-rq{background:#f2c14e}\
+.oc-bl{background:#4f7fc9}.oclegend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px}\
+ol.blocked li{margin:2px 0}ol.blocked code{background:none}";
+
+/// How many frames of a blocked stack the list shows.
+const LIST_FRAMES: usize = 8;
+
+/// The bar of the three kinds, with their figures.
+pub fn bar(h: &mut String, hit: &HitReport) {
+    let Some(o) = &hit.off_cpu else { return };
+    let total = o.on_cpu_ns + o.runnable_ns + o.blocked_ns;
+    let ms = |ns: u64| format!("{:.1} ms", ns as f64 / 1e6);
+    let pct = |ns: u64| 100.0 * ns as f64 / total.max(1) as f64;
+    let parts = [
+        ("oc-on", "on CPU", o.on_cpu_ns),
+        ("oc-rq", "runnable", o.runnable_ns),
+        ("oc-bl", "blocked", o.blocked_ns),
+    ];
+    let _ = write!(
+        h,
+        "<h4>Where thread {} spent the {} window</h4><div class=\"ocbar\" role=\"img\" aria-label=\"off-CPU breakdown\">",
+        hit.hit.tid,
+        ms(o.to_ns - o.from_ns)
+    );
+    for (class, what, ns) in parts {
+        let _ = write!(
+            h,
+            "<span class=\"{class}\" style=\"width:{:.3}%\" title=\"{what}: {} ({:.0}%)\"></span>",
+            pct(ns),
+            ms(ns),
+            pct(ns)
+        );
+    }
+    h.push_str("</div><p class=\"oclegend\">");
+    for (class, what, ns) in parts {
+        let _ = write!(
+            h,
+            "<span class=\"{class}\"></span>{what} <b>{}</b> ({:.0}%)",
+            ms(ns),
+            pct(ns)
+        );
+    }
+    h.push_str(
+        "</p><p class=\"note\">On CPU: running. Runnable: preempted, waiting for a CPU. \
+         Blocked: asleep until woken (a lock, I/O, a timer), the wake-up latency included. \
+         From the scheduler's switch records of this thread.</p>",
+    );
+}
+
+/// The flame graph of the blocked time and the heaviest blocked stacks
+/// (for a snapshot that was read).
+pub fn graph(h: &mut String, hit: &HitReport) {
+    let Some(o) = &hit.off_cpu else { return };
+    let title = "Blocked time of the hit's thread (off-CPU)";
+    let _ = write!(
+        h,
+        "<p>The off-CPU flame graph weighs each stack at which thread {} blocked by how long it \
+         stayed blocked, in µs: {} blocked interval(s), {:.1} ms (folded: <code>report/{}</code>).</p>",
+        hit.hit.tid,
+        o.intervals,
+        o.graphed_ns as f64 / 1e6,
+        esc(&o.file.display().to_string())
+    );
+    if o.folded.is_empty() {
+        let _ = write!(
+            h,
+            "<h4>{title}</h4><p class=\"note\">No blocked interval of this thread in the snapshot's \
+             switch records for the window.</p>"
+        );
+        return;
+    }
+    let lines: Vec<String> = o.folded.iter().map(|(l, n)| format!("{l} {n}")).collect();
+    let mut opt = options(format!(
+        "{title}: {:.1} ms, in µs",
+        o.graphed_ns as f64 / 1e6
+    ));
+    opt.count_name = "µs".into();
+    opt.colors = Palette::Basic(BasicPalette::Io);
+    embed(h, title, &lines, &mut opt, "offcpu");
+    top_list(h, o);
+}
+
+fn top_list(h: &mut String, o: &OffCpu) {
+    let _ = write!(
+        h,
+        "<h4>The heaviest blocked stacks</h4><ol class=\"blocked\">"
+    );
+    for b in &o.top {
+        let frames = offcpu::interesting(&b.frames, LIST_FRAMES);
+        let _ = write!(
+            h,
+            "<li><b>{:.1} ms</b> (state <code>{}</code>): <code>{}</code></li>",
+            b.time_us as f64 / 1e3,
+            esc(&b.state),
+            esc(&frames.join(" ← "))
+        );
+    }
+    h.push_str(
+        "</ol><p class=\"note\">Leaf first, without the scheduler's own frames. State: the \
+         thread's state as it left the CPU (<code>S</code> sleeping, <code>D</code> \
+         uninterruptible, usually disk I/O).</p>",
+    );
+}
