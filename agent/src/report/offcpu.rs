@@ -245,3 +245,158 @@ pub fn json(o: &OffCpu, read: bool) -> serde_json::Value {
         "blocked_stacks": o.top,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::samples::parse;
+
+    /// perf 6.1's output for two threads ping-ponging through pipes (see
+    /// samples.rs).
+    const RUN: &str = include_str!("testdata/sched_switch.script");
+
+    fn hit(tid: u32, from_ns: u64, to_ns: u64) -> OffCpu {
+        let h = Hit {
+            tid,
+            ktime_ns: to_ns,
+            off_cpu_from_ns: Some(from_ns),
+            on_cpu_ns: Some(1),
+            runnable_ns: Some(2),
+            blocked_ns: Some(3),
+            ..Hit::default()
+        };
+        from_index(&h, std::path::Path::new("d/perf.data.1.7.moment.folded")).unwrap()
+    }
+
+    #[test]
+    fn the_index_gives_the_figures_and_the_file_name() {
+        let o = hit(1, 10, 20);
+        assert_eq!((o.on_cpu_ns, o.runnable_ns, o.blocked_ns), (1, 2, 3));
+        assert_eq!(
+            o.file,
+            std::path::Path::new("d/perf.data.1.7.offcpu.folded")
+        );
+        let no = Hit {
+            off_cpu_from_ns: Some(1),
+            ..Hit::default()
+        };
+        assert!(from_index(&no, std::path::Path::new("x.moment.folded")).is_none());
+    }
+
+    #[test]
+    fn blocked_intervals_take_the_stack_that_went_to_sleep() {
+        let s = parse(RUN.as_bytes()).unwrap();
+        let mut o = hit(30141, 13_735_891_000_000, 13_735_896_100_000);
+        add_stacks(&mut o, &s, 30141);
+        // Blocked before its first switch-in (no sample: no stack), then
+        // from its blocking switch-out to the window's end; the preempted
+        // interval between is runnable and left out.
+        assert_eq!(o.intervals, 2);
+        assert_eq!(o.graphed_ns, 423_503 + 52_920);
+        let peer = "clone3;start_thread;peer;wait_part;__GI___libc_read;__GI___libc_read;\
+                    entry_SYSCALL_64_after_hwframe;do_syscall_64;ksys_read;vfs_read;\
+                    anon_pipe_read;schedule;__schedule";
+        assert_eq!(
+            o.folded,
+            [(NO_STACK.to_string(), 424), (peer.to_string(), 53)]
+        );
+        assert_eq!(o.top[0].frames, [NO_STACK]);
+        assert_eq!((o.top[1].time_us, o.top[1].state.as_str()), (53, "S"));
+        assert_eq!(o.top[1].frames[0], "__schedule");
+        assert_eq!(
+            interesting(&o.top[1].frames, 4),
+            [
+                "anon_pipe_read",
+                "vfs_read",
+                "ksys_read",
+                "__GI___libc_read"
+            ]
+        );
+        let mut main = hit(30139, 13_735_890_000_000, 13_735_896_300_000);
+        add_stacks(&mut main, &s, 30139);
+        assert_eq!(main.intervals, 1);
+        assert_eq!(main.top.len(), 1);
+        assert_eq!(main.top[0].time_us, 18);
+        assert!(main.top[0].frames.contains(&"wait_part".to_string()));
+        assert!(main.top[0].frames.contains(&"main".to_string()));
+    }
+
+    /// Blocked switch-outs of thread 5, one per stack `f0`..`f6`, blocked
+    /// for 1..7 ms; `f0`'s sample is lost (it precedes the switch-in).
+    fn seven_stacks() -> String {
+        let mut t = String::new();
+        let mut at = 1_000_000_000u64;
+        for i in 0..7u64 {
+            let ns = |x: u64| format!("{}.{:09}", x / 1_000_000_000, x % 1_000_000_000);
+            if i == 0 {
+                t += &format!(
+                    "5 {}: sched:sched_switch: prev_state=D\n\tff f0 (x)\n\tff m (x)\n\n",
+                    ns(at - 10)
+                );
+            }
+            t += &format!("5 {}: PERF_RECORD_SWITCH IN\n", ns(at));
+            if i > 0 {
+                t += &format!(
+                    "5 {}: sched:sched_switch: prev_state=S\n\tff f{i} (x)\n\tff m (x)\n\n",
+                    ns(at + 5)
+                );
+            }
+            t += &format!("5 {}: PERF_RECORD_SWITCH OUT\n", ns(at + 10));
+            at += 10 + (i + 1) * 1_000_000;
+        }
+        t + &format!(
+            "5 {}.{:09}: PERF_RECORD_SWITCH IN\n",
+            at / 1_000_000_000,
+            at % 1_000_000_000
+        )
+    }
+
+    #[test]
+    fn the_five_heaviest_and_a_lost_sample() {
+        let s = parse(seven_stacks().as_bytes()).unwrap();
+        let mut o = hit(5, 1_000_000_000, 2_000_000_000);
+        add_stacks(&mut o, &s, 5);
+        assert_eq!(o.intervals, 7);
+        let top: Vec<(&str, u64, &str)> = o
+            .top
+            .iter()
+            .map(|b| (b.frames[0].as_str(), b.time_us, b.state.as_str()))
+            .collect();
+        assert_eq!(
+            top,
+            [
+                ("f6", 7000, "S"),
+                ("f5", 6000, "S"),
+                ("f4", 5000, "S"),
+                ("f3", 4000, "S"),
+                ("f2", 3000, "S")
+            ]
+        );
+        // f0's sample came before the thread's switch-in: its interval has
+        // no stack rather than an older one.
+        assert!(o.folded.contains(&(NO_STACK.to_string(), 1000)));
+        assert!(!o.folded.iter().any(|(l, _)| l.ends_with("f0")));
+        assert_eq!(o.folded.iter().map(|(_, n)| n).sum::<u64>(), 28_000);
+    }
+
+    #[test]
+    fn interesting_frames_skip_the_scheduler_and_repeats() {
+        let f: Vec<String> = [
+            "__schedule",
+            "schedule",
+            "futex_wait",
+            "do_syscall_64",
+            "entry_SYSCALL_64_after_hwframe",
+            "pthread_cond_wait",
+            "pthread_cond_wait",
+            "wait_part",
+            "main",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            interesting(&f, 3),
+            ["futex_wait", "pthread_cond_wait", "wait_part"]
+        );
+    }
+}

@@ -87,7 +87,7 @@ pub fn graph(h: &mut String, hit: &HitReport) {
     }
     let lines: Vec<String> = o.folded.iter().map(|(l, n)| format!("{l} {n}")).collect();
     let mut opt = options(format!(
-        "{title}: {:.1} ms, in µs",
+        "{title}: {:.1} ms blocked, weights in µs",
         o.graphed_ns as f64 / 1e6
     ));
     opt.count_name = "µs".into();
@@ -105,8 +105,8 @@ fn top_list(h: &mut String, o: &OffCpu) {
         let frames = offcpu::interesting(&b.frames, LIST_FRAMES);
         let _ = write!(
             h,
-            "<li><b>{:.1} ms</b> (state <code>{}</code>): <code>{}</code></li>",
-            b.time_us as f64 / 1e3,
+            "<li><b>{}</b> (state <code>{}</code>): <code>{}</code></li>",
+            us(b.time_us),
             esc(&b.state),
             esc(&frames.join(" ← "))
         );
@@ -116,4 +116,71 @@ fn top_list(h: &mut String, o: &OffCpu) {
          thread's state as it left the CPU (<code>S</code> sleeping, <code>D</code> \
          uninterruptible, usually disk I/O).</p>",
     );
+}
+
+/// `1234` µs → `1.2 ms`; under a millisecond in µs.
+fn us(t: u64) -> String {
+    if t < 1000 {
+        format!("{t} µs")
+    } else {
+        format!("{:.1} ms", t as f64 / 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{moments, offcpu::BlockedStack, runs::Hit};
+
+    fn report() -> HitReport {
+        let hit = Hit {
+            tid: 7,
+            ktime_ns: 100_000_000,
+            off_cpu_from_ns: Some(0),
+            on_cpu_ns: Some(20_000_000),
+            runnable_ns: Some(0),
+            blocked_ns: Some(80_000_000),
+            ..Hit::default()
+        };
+        let file = std::path::PathBuf::from("perf.data.1.moment.folded");
+        let mut o = offcpu::from_index(&hit, &file).unwrap();
+        o.folded = vec![("main;wait_part;__schedule".into(), 79_500)];
+        o.top = vec![BlockedStack {
+            frames: vec!["__schedule".into(), "wait_part".into(), "main".into()],
+            time_us: 79_500,
+            state: "S".into(),
+        }];
+        HitReport {
+            span: moments::span(&hit, 1),
+            hit,
+            moment: vec![],
+            rest: vec![],
+            moment_file: file,
+            off_cpu: Some(o),
+        }
+    }
+
+    #[test]
+    fn the_bar_is_in_proportion_and_the_graph_in_microseconds() {
+        let r = report();
+        let mut h = String::new();
+        bar(&mut h, &r);
+        assert!(h.contains("class=\"oc-on\" style=\"width:20.000%\""), "{h}");
+        assert!(h.contains("class=\"oc-rq\" style=\"width:0.000%\""), "{h}");
+        assert!(h.contains("class=\"oc-bl\" style=\"width:80.000%\""), "{h}");
+        assert!(h.contains("blocked <b>80.0 ms</b>"), "{h}");
+        let mut g = String::new();
+        graph(&mut g, &r);
+        assert!(g.contains("class=\"fg offcpu\""), "{g}");
+        assert!(g.contains("perf.data.1.offcpu.folded"));
+        assert!(g.contains("µs"));
+        assert!(
+            g.contains("<b>79.5 ms</b> (state <code>S</code>): <code>wait_part ← main</code>"),
+            "{g}"
+        );
+        assert_eq!(
+            (us(999), us(1_250)),
+            ("999 µs".to_string(), "1.2 ms".to_string())
+        );
+    }
 }
