@@ -4,9 +4,11 @@
  * a worker thread runs background_work() all the time, while the main
  * thread, N times over, spins in fast_work() for 20 ms, sleeps 100 ms, and
  * calls handle(i). handle() is quick, except every call with an odd i:
- * then it first spends 60 ms of CPU in slow_part(). So with
- * `--slower-than 30ms` each hit's call is about 60 ms of slow_part, and the
- * whole process is mostly background_work.
+ * then it first spends 60 ms of CPU in slow_part(), then sleeps 10 ms in
+ * blocked_part(). So with `--slower-than 30ms` each hit's call is about
+ * 60 ms of slow_part on CPU and 10 ms blocked in blocked_part (the
+ * report's off-CPU graph), and the whole process is mostly
+ * background_work.
  *
  *   moment N       N calls of handle (N/2 of them slow), then exit 0
  *   deep SECONDS   for the bench: two threads busy 48 calls deep (big
@@ -50,8 +52,19 @@ __attribute__((noinline)) void slow_part(void) { SPIN_CPU_MS(60); }
 
 __attribute__((noinline)) void fast_work(void) { SPIN_CPU_MS(20); }
 
+/* Off CPU for 10 ms, blocked in nanosleep (not a tail call, so that the
+ * frame stays on the stack). */
+__attribute__((noinline)) void blocked_part(void) {
+    struct timespec nap = {0, 10 * 1000000L};
+    nanosleep(&nap, NULL);
+    sink += 1;
+}
+
 __attribute__((noinline, used)) void handle(long i) {
-    if (i % 2 == 1) slow_part();
+    if (i % 2 == 1) {
+        slow_part();
+        blocked_part();
+    }
     sink += (uint64_t)i;
 }
 

@@ -68,7 +68,8 @@ fn share_under(folded: &[(Vec<String>, u64)], name: &str) -> f64 {
 }
 
 /// Captures the moment target: 8 calls of `handle`, 4 of them slow (60 ms
-/// of CPU in `slow_part`), with `--slower-than 30ms`.
+/// of CPU in `slow_part`, then 10 ms asleep in `blocked_part`), with
+/// `--slower-than 30ms` (which records the off-CPU breakdown too).
 fn capture_moments() -> Run {
     preflight();
     let mut t = Target::start(&target_path("moment"), &["moment", "8"]);
@@ -145,6 +146,7 @@ fn the_moment_is_the_moment() {
         // The differential: slow_part has gained the most.
         assert_eq!(h["diff"][0]["name"], "slow_part", "{ctx}");
         assert!(h["diff"][0]["delta"].as_f64().unwrap() > 0.5, "{ctx}");
+        off_cpu_of_the_call(&run, h, d);
     }
     let page = fs::read_to_string(run.out.join("report.html")).unwrap();
     assert!(page.contains("handle in "), "the trigger is not named");
@@ -159,6 +161,58 @@ fn the_moment_is_the_moment() {
             .join("report.html")
             .display()
             .to_string()
+    );
+}
+
+/// A slow call's off-CPU breakdown: the three figures make up the call,
+/// and its blocked time is mostly asleep in `blocked_part`, in the JSON and
+/// in the off-CPU folded file.
+fn off_cpu_of_the_call(run: &Run, h: &Value, duration_ns: u64) {
+    let ctx = format!("hit {h}");
+    let ns = |k: &str| {
+        h[k].as_u64()
+            .unwrap_or_else(|| panic!("no {k}: --slower-than records the off-CPU breakdown; {ctx}"))
+    };
+    let ktime = ns("ktime_ns");
+    assert_eq!(ns("off_cpu_from_ns"), ktime - duration_ns, "{ctx}");
+    assert_eq!(
+        ns("on_cpu_ns") + ns("runnable_ns") + ns("blocked_ns"),
+        duration_ns,
+        "{ctx}"
+    );
+    // 10 ms of nanosleep; a loose bound, the host's timers can be late but
+    // not early.
+    assert!(ns("blocked_ns") >= 9_000_000, "{ctx}");
+    let o = &h["off_cpu"];
+    let top = &o["blocked_stacks"][0];
+    let frames: Vec<&str> = top["frames"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no blocked stack; {ctx}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(frames.contains(&"blocked_part"), "{ctx}");
+    assert_eq!(frames[0], "__schedule", "kernel frames first; {ctx}");
+    assert_eq!(top["state"], "S", "{ctx}");
+    assert!(top["time_us"].as_u64().unwrap() >= 9_000, "{ctx}");
+    let folded = read_folded(&run.out.join(o["folded"].as_str().unwrap()));
+    let heaviest = folded.iter().max_by_key(|(_, n)| *n).expect("a stack");
+    assert!(heaviest.0.iter().any(|f| f == "blocked_part"), "{ctx}");
+    assert_eq!(
+        heaviest.0.first().map(String::as_str),
+        Some("_start"),
+        "root first; {ctx}"
+    );
+    let total: u64 = folded.iter().map(|(_, n)| n).sum();
+    // Weights are µs, rounded per stack.
+    let graphed = o["graphed_us"].as_u64().unwrap();
+    assert!(
+        total.abs_diff(graphed) <= folded.len() as u64,
+        "{total} vs {graphed}; {ctx}"
+    );
+    assert!(
+        total * 1000 <= ns("blocked_ns") + 1000 * folded.len() as u64,
+        "{ctx}"
     );
 }
 
@@ -184,8 +238,9 @@ fn the_page_works_in_a_real_browser() {
                    names: svg ? Array.from(svg.querySelectorAll('#frames g title')).map(t => t.textContent) : []}; })",
     );
     let graphs = graphs.as_array().expect("an array of graphs");
-    // Four hits, three graphs each.
-    assert_eq!(graphs.len(), 12, "{graphs:?}");
+    // Four hits, four graphs each: the moment, its blocked time, the whole
+    // process and the differential.
+    assert_eq!(graphs.len(), 16, "{graphs:?}");
     for g in graphs {
         assert!(
             g["w"].as_f64().unwrap() > 100.0 && g["h"].as_f64().unwrap() > 50.0,
@@ -199,6 +254,16 @@ fn the_page_works_in_a_real_browser() {
             .collect();
         let has = |f: &str| names.iter().any(|n| n.starts_with(f));
         let kind = g["kind"].as_str().unwrap();
+        if kind.contains("offcpu") {
+            // Blocked time: the sleep's stack, from main down to the
+            // kernel's scheduler, and no CPU work.
+            assert!(
+                has("blocked_part") && has("handle") && has("main") && has("__schedule"),
+                "{kind}: {names:?}"
+            );
+            assert!(!has("slow_part"), "{kind}: {names:?}");
+            continue;
+        }
         assert!(
             has("slow_part") && has("handle") && has("main"),
             "{kind}: {names:?}"
@@ -206,6 +271,22 @@ fn the_page_works_in_a_real_browser() {
         if kind.contains("all") {
             assert!(has("background_work"), "{kind}: {names:?}");
         }
+    }
+    // Each hit's bar of on-CPU, runnable and blocked time: its parts fill
+    // it, and the blocked part shows.
+    let bars = b.eval(
+        "Array.from(document.querySelectorAll('.ocbar')).map(b => { \
+           const w = s => b.querySelector(s).getBoundingClientRect().width; \
+           return {all: b.getBoundingClientRect().width, on: w('.oc-on'), rq: w('.oc-rq'), bl: w('.oc-bl')}; })",
+    );
+    let bars = bars.as_array().expect("an array of bars");
+    assert_eq!(bars.len(), 4, "{bars:?}");
+    for b in bars {
+        let w = |k: &str| b[k].as_f64().unwrap();
+        assert!(w("all") > 100.0, "{b}");
+        // Borders and rounding: within a few pixels.
+        assert!((w("on") + w("rq") + w("bl") - w("all")).abs() < 4.0, "{b}");
+        assert!(w("bl") > 0.0, "{b}");
     }
     // The page's search box searches every graph: slow_part turns the
     // search colour in each moment.
