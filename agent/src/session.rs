@@ -168,6 +168,8 @@ fn start_driver(
         bpf_events: args.perf_bpf_events,
         call_graph: p.unwinding.perf_args(),
         recording: p.recording,
+        // Per trigger: set as each recorder starts.
+        off_cpu: None,
         extra: plan.settings.perf_args.clone(),
     };
     let keeper = plan
@@ -390,6 +392,7 @@ fn trigger_setups(
             // cooldown: detaching it would miss the others' hits.
             disarm: (pid.is_some() && !t.always_armed && !t.filters.cooldown.is_zero())
                 .then_some(t.filters.cooldown),
+            off_cpu: t.off_cpu,
             watch: r.watch,
         });
     }
