@@ -374,7 +374,7 @@ fn trigger_setups(
         };
         setups.push(TriggerSetup {
             index,
-            armed: armed(index, &r, &out, shown),
+            armed: armed(index, &r, &out, shown, t.off_cpu.is_some()),
             plan: AttachPlan {
                 trigger: index,
                 path: r.res.object.open_path.clone(),
@@ -400,7 +400,7 @@ fn trigger_setups(
 }
 
 /// A trigger's `armed` event, less what is known only once it is armed.
-fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown) -> Armed {
+fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> Armed {
     let res = &r.res;
     Armed {
         pid: match r.watch {
@@ -434,6 +434,7 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown) -> Armed {
         recording: shown.recording.name(),
         flight_ring_bytes: shown.recording.ring_bytes(),
         unwinding: shown.unwinding.clone(),
+        off_cpu,
     }
 }
 
