@@ -223,10 +223,10 @@ fn off_cpu_of_the_call(run: &Run, h: &Value, duration_ns: u64, dwarf: bool) {
         total.abs_diff(graphed) <= folded.len() as u64,
         "{total} vs {graphed}; {ctx}"
     );
-    assert!(
-        total * 1000 <= ns("blocked_ns") + 1000 * folded.len() as u64,
-        "{ctx}"
-    );
+    // The graph and the index read the same switch records by the same
+    // rule (the agent's offcpu module): the graph holds all of the blocked
+    // time.
+    assert!(graphed.abs_diff(ns("blocked_ns") / 1000) <= 1, "{ctx}");
 }
 
 /// Where the browser test leaves its screenshot (kept after the test).

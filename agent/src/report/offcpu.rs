@@ -241,7 +241,7 @@ pub fn json(o: &OffCpu, read: bool) -> serde_json::Value {
         "to_ns": o.to_ns,
         "folded": read.then(|| std::path::Path::new(super::FOLDED_DIR).join(&o.file)),
         "blocked_intervals": o.intervals,
-        "graphed_us": o.graphed_ns / 1000,
+        "graphed_us": (o.graphed_ns + 500) / 1000,
         "blocked_stacks": o.top,
     })
 }
@@ -377,6 +377,26 @@ mod tests {
         assert!(o.folded.contains(&(NO_STACK.to_string(), 1000)));
         assert!(!o.folded.iter().any(|(l, _)| l.ends_with("f0")));
         assert_eq!(o.folded.iter().map(|(_, n)| n).sum::<u64>(), 28_000);
+    }
+
+    #[test]
+    fn json_gives_the_stacks_leaf_first_and_the_folded_file() {
+        let s = parse(RUN.as_bytes()).unwrap();
+        let mut o = hit(30139, 13_735_890_000_000, 13_735_896_300_000);
+        add_stacks(&mut o, &s, 30139);
+        let j = json(&o, true);
+        assert_eq!(j["folded"], "report/d/perf.data.1.7.offcpu.folded");
+        assert_eq!(
+            (j["blocked_intervals"].as_u64(), j["graphed_us"].as_u64()),
+            (Some(1), Some(18))
+        );
+        let top = &j["blocked_stacks"][0];
+        assert_eq!(
+            (top["time_us"].as_u64(), top["state"].as_str()),
+            (Some(18), Some("S"))
+        );
+        assert_eq!(top["frames"][0], "__schedule");
+        assert_eq!(json(&o, false)["folded"], serde_json::Value::Null);
     }
 
     #[test]
