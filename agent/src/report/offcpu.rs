@@ -217,12 +217,29 @@ fn plumbing(name: &str) -> bool {
         )
 }
 
-/// The leaf-most `n` frames that say why the thread blocked: leaf first,
-/// without the scheduler's and the syscall entry's frames, and without a
-/// frame repeated next to itself (perf names an inlined frame twice).
+/// Where a call chain enters the kernel: the frames before it (leaf
+/// first) are the kernel's, those after it the user's.
+fn kernel_entry(name: &str) -> bool {
+    name.starts_with("entry_SYSCALL") || name.starts_with("asm_")
+}
+
+/// The leaf-most `n` frames that say why the thread blocked, leaf first:
+/// the kernel's first frame that is not the scheduler's own (the reason:
+/// `futex_wait`, `anon_pipe_read`, `do_nanosleep`...), then the user's
+/// frames; without a frame repeated next to itself (perf names an inlined
+/// frame twice). A chain with no kernel entry keeps all its frames but the
+/// plumbing.
 pub fn interesting(frames: &[String], n: usize) -> Vec<&str> {
+    let names: Vec<&str> = frames.iter().map(String::as_str).collect();
+    let picked: Vec<&str> = match names.iter().position(|f| kernel_entry(f)) {
+        Some(e) => {
+            let reason = names[..e].iter().find(|f| !plumbing(f));
+            reason.into_iter().chain(&names[e + 1..]).copied().collect()
+        }
+        None => names.into_iter().filter(|f| !plumbing(f)).collect(),
+    };
     let mut v: Vec<&str> = Vec::new();
-    for f in frames.iter().map(String::as_str).filter(|f| !plumbing(f)) {
+    for f in picked {
         if v.last() != Some(&f) {
             v.push(f);
         }
@@ -305,12 +322,7 @@ mod tests {
         assert_eq!(o.top[1].frames[0], "__schedule");
         assert_eq!(
             interesting(&o.top[1].frames, 4),
-            [
-                "anon_pipe_read",
-                "vfs_read",
-                "ksys_read",
-                "__GI___libc_read"
-            ]
+            ["anon_pipe_read", "__GI___libc_read", "wait_part", "peer"]
         );
         let mut main = hit(30139, 13_735_890_000_000, 13_735_896_300_000);
         add_stacks(&mut main, &s, 30139);

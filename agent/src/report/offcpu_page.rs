@@ -112,7 +112,7 @@ fn top_list(h: &mut String, o: &OffCpu) {
         );
     }
     h.push_str(
-        "</ol><p class=\"note\">Leaf first, without the scheduler's own frames. State: the \
+        "</ol><p class=\"note\">Leaf first: the kernel's reason, then the thread's own frames. State: the \
          thread's state as it left the CPU (<code>S</code> sleeping, <code>D</code> \
          uninterruptible, usually disk I/O).</p>",
     );
