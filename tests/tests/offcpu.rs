@@ -419,3 +419,98 @@ fn perf_script_headers_parse() {
     assert_eq!(c.event, "cpu-clock/freq=999/");
     assert_eq!(c.time_ns, 13_750_000_000_433);
 }
+
+/// The kernel's function names (/proc/kallsyms; root sees them all).
+fn kernel_symbols() -> std::collections::HashSet<String> {
+    fs::read_to_string("/proc/kallsyms")
+        .expect("/proc/kallsyms")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A folded file: (frames root first, weight) per line.
+fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').expect("`stack weight`");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                n.parse().unwrap_or_else(|_| panic!("weight in {l:?}")),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
+    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "slow_call",
+            "--slower-than",
+            "50ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let out = Command::new(agent_bin())
+        .arg("report")
+        .arg(&run.out)
+        .output()
+        .expect("mt-agent report");
+    assert!(
+        out.status.success(),
+        "mt-agent report: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = run.out.join("report");
+    let folded: Vec<_> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".offcpu.folded"))
+        .collect();
+    assert_eq!(
+        folded.len(),
+        run.hits().len(),
+        "one off-CPU folded file per slow call in {}",
+        dir.display()
+    );
+    let kernel = kernel_symbols();
+    // Kernel frames may be kept (flame-graph tools mark them `_[k]`); above
+    // wait_part there must be nothing else.
+    let is_kernel = |f: &str| f.ends_with("_[k]") || kernel.contains(f);
+    for f in folded {
+        let stacks = read_folded(&f);
+        let (top, weight) = stacks
+            .iter()
+            .max_by_key(|(_, w)| *w)
+            .unwrap_or_else(|| panic!("{} is empty", f.display()));
+        let at = top
+            .iter()
+            .position(|s| s == "wait_part")
+            .unwrap_or_else(|| {
+                panic!(
+                    "no wait_part in the heaviest stack of {}: {top:?}",
+                    f.display()
+                )
+            });
+        assert!(
+            top[at + 1..].iter().all(|s| is_kernel(s)),
+            "wait_part is not on top of the heaviest stack of {}: {top:?}",
+            f.display()
+        );
+        // Weights are µs; wait_part blocks ≥ 90 ms (see the blocked test).
+        assert!(
+            *weight >= 90_000,
+            "{}: {top:?} weighs {weight} µs",
+            f.display()
+        );
+    }
+}
