@@ -361,6 +361,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
         bpf_events: false,
         recording: perf::Recording::Continuous,
         call_graph: Vec::new(),
+        off_cpu: None,
         extra: Vec::new(),
     };
     let result = ping_perf(&spec);

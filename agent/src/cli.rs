@@ -271,6 +271,23 @@ pub struct TriggerOptions {
     #[serde(default)]
     pub always_armed: bool,
 
+    /// Record where each hit's thread spent its time: on CPU, runnable
+    /// (preempted, waiting for a CPU) or blocked, with the stacks it blocked
+    /// at. On by default with --slower-than, where the window is the call;
+    /// for other hits it is --off-cpu-window before the hit.
+    #[arg(long, conflicts_with = "no_off_cpu")]
+    #[serde(default)]
+    pub off_cpu: bool,
+
+    /// Turn the off-CPU breakdown off, also with --slower-than.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_off_cpu: bool,
+
+    /// The off-CPU window before a hit that has no call duration. [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
+    pub off_cpu_window: Option<String>,
+
     /// With `--pid`, count only the target's own calls. By default a call
     /// in any process forked from the target after the agent attached
     /// counts too, and switches the target's perf, which records that

@@ -14,7 +14,7 @@
 //! exe = "/usr/local/bin/api-server"
 //! symbol = "handle_request"
 //! cooldown = "1s"
-//! slower_than = "50ms"
+//! slower_than = "50ms"           # with the off-CPU breakdown; no_off_cpu = true
 //!
 //! [[trigger]]
 //! name = "db"

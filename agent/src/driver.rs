@@ -82,6 +82,9 @@ pub struct TriggerSetup {
     /// Detach the probes during this cooldown after each accepted hit
     /// (`--pid` with a cooldown, without `--always-armed`).
     pub disarm: Option<Duration>,
+    /// The off-CPU breakdown (`--off-cpu`): the window before a hit
+    /// without a duration.
+    pub off_cpu: Option<Duration>,
 }
 
 /// From the main thread to the driver.
@@ -478,11 +481,15 @@ impl Driver {
     fn start_recorder(&mut self, trigger: u32, pid: i32, dir: PathBuf) -> Result<(), Failure> {
         let t = self.trigger(trigger);
         let policy = t.policy;
+        let spec = PerfSpec {
+            off_cpu: t.off_cpu,
+            ..self.setup.perf.clone()
+        };
         let rec = Recorder::start(
             trigger,
             pid,
             dir,
-            &self.setup.perf,
+            &spec,
             policy,
             Shared {
                 reporter: self.setup.reporter.clone(),
@@ -781,6 +788,7 @@ impl Driver {
                 retval: at_return.then_some(hit.retval),
                 merged: false,
                 starts_before_samples: false,
+                off_cpu: None,
             };
             let key = (hit.trigger, hit.tgid as i32);
             match self.by_target.get(&key).copied() {

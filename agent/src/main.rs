@@ -44,6 +44,7 @@ mod end;
 mod error;
 mod index;
 mod list;
+mod offcpu;
 mod output;
 mod perf;
 mod perf_data;

@@ -18,6 +18,7 @@ use serde_json::json;
 use crate::{
     counters::CounterValues,
     error::Failure,
+    offcpu::OffCpu,
     snapshot::{IndexedHit, Snapshot, SnapshotKind, Stats},
     symbols::insn::CostHint,
 };
@@ -60,14 +61,22 @@ pub struct Armed {
     /// How perf unwinds stacks (`mode`: `fp`, `dwarf,SIZE` or
     /// `pass-through`) and why.
     pub unwinding: crate::unwind::Unwinding,
+    /// perf also records the target threads' context switches, with a stack
+    /// at each switch-out: the off-CPU breakdown.
+    pub off_cpu: bool,
 }
 
 impl Armed {
     /// How perf keeps samples, in words.
     fn recording_words(&self) -> String {
-        match self.flight_ring_bytes {
+        let how = match self.flight_ring_bytes {
             Some(b) => format!("in a flight recorder of {} KiB per CPU", b / 1024),
             None => "continuously".into(),
+        };
+        if self.off_cpu {
+            format!("{how}, with its context switches for the off-CPU breakdown")
+        } else {
+            how
         }
     }
 }
@@ -322,8 +331,9 @@ impl Reporter {
                     .hit_to_kill_ns
                     .map(|k| format!(", signalled {} after the hit", human_ns(k)))
                     .unwrap_or_default();
+                let off = first.off_cpu.map(breakdown_text).unwrap_or_default();
                 self.print(&format!(
-                    "snapshot {}: {} ({size}): hit {} in tid {}, args {}{dur}{kill}{merged}",
+                    "snapshot {}: {} ({size}): hit {} in tid {}, args {}{dur}{off}{kill}{merged}",
                     e.n,
                     s.file,
                     first.seq,
@@ -493,6 +503,18 @@ pub fn human_bytes(b: u64) -> String {
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
     }
+}
+
+/// ` (on CPU 20.1 ms, runnable 0 ns, blocked 100.2 ms)`: a hit's off-CPU
+/// breakdown for the text output.
+fn breakdown_text(o: OffCpu) -> String {
+    let b = o.breakdown;
+    format!(
+        " (on CPU {}, runnable {}, blocked {})",
+        human_ns(b.on_cpu_ns),
+        human_ns(b.runnable_ns),
+        human_ns(b.blocked_ns)
+    )
 }
 
 #[cfg(test)]

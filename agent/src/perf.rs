@@ -66,6 +66,11 @@ pub struct PerfSpec {
     /// How stacks are unwound: `--call-graph fp|dwarf,SIZE`, or nothing
     /// when the extra arguments choose ([`crate::unwind::Unwinding::perf_args`]).
     pub call_graph: Vec<String>,
+    /// The off-CPU breakdown (docs/off-cpu.md): when set, perf also records
+    /// the target threads' context switches and a `sched:sched_switch`
+    /// sample, with its stack, at each switch-out. The value is the window
+    /// before a hit that has no call duration.
+    pub off_cpu: Option<Duration>,
     /// Extra arguments, already checked by [`crate::cli::check_perf_args`].
     pub extra: Vec<String>,
 }
@@ -133,11 +138,8 @@ impl PerfSpec {
             "--switch-output=signal".into(),
             "-o".into(),
             self.output.clone().into(),
-            "-e".into(),
-            self.event.clone().into(),
-            "-F".into(),
-            self.freq.to_string().into(),
         ];
+        args.extend(self.event_args());
         args.extend(self.call_graph.iter().map(OsString::from));
         args.extend([
             // Sample times on the clock of bpf_ktime_get_ns, so a hit can be
@@ -165,6 +167,48 @@ impl PerfSpec {
         args.extend(self.extra.iter().map(OsString::from));
         args
     }
+}
+
+impl PerfSpec {
+    /// The events. With the off-CPU breakdown, the frequency goes into the
+    /// sampling event's own terms: perf's `-F` would also turn the
+    /// tracepoint into frequency sampling, where a tracepoint alone keeps
+    /// period 1, one sample per switch (tools/perf/util/evsel.c,
+    /// `evsel__config`).
+    fn event_args(&self) -> Vec<OsString> {
+        if self.off_cpu.is_none() {
+            return ["-e", &self.event, "-F", &self.freq.to_string()]
+                .map(OsString::from)
+                .to_vec();
+        }
+        [
+            "-e",
+            &with_freq(&self.event, self.freq),
+            "-e",
+            "sched:sched_switch",
+            "--switch-events",
+        ]
+        .map(OsString::from)
+        .to_vec()
+    }
+}
+
+/// `event` with a `freq=` term: `cpu-clock` → `cpu-clock/freq=999/`,
+/// `cycles:u` → `cycles/freq=999/u`, `cpu/cycles/` → `cpu/cycles,freq=999/`.
+pub fn with_freq(event: &str, freq: u32) -> String {
+    if let Some(body) = event.strip_suffix('/')
+        && body.contains('/')
+    {
+        return format!("{body},freq={freq}/");
+    }
+    const MODIFIERS: &str = "ukhpPGHISDWe";
+    if let Some((name, mods)) = event.rsplit_once(':')
+        && !mods.is_empty()
+        && mods.chars().all(|c| MODIFIERS.contains(c))
+    {
+        return format!("{name}/freq={freq}/{mods}");
+    }
+    format!("{event}/freq={freq}/")
 }
 
 /// The event sampled by default: `cycles` where a hardware PMU exists,
@@ -653,6 +697,7 @@ mod tests {
             bpf_events: false,
             recording: Recording::FlightRecorder { ring_pages: 512 },
             call_graph: vec!["--call-graph".into(), "fp".into()],
+            off_cpu: None,
             extra: vec!["--call-graph".into(), "dwarf".into()],
         };
         let args: Vec<String> = spec
@@ -665,6 +710,45 @@ mod tests {
             "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 \
              --call-graph fp -k CLOCK_MONOTONIC --control fd:5,7 --buildid-mmap \
              --switch-max-files=3 --overwrite -m 512 --no-bpf-event --call-graph dwarf"
+        );
+    }
+
+    #[test]
+    fn the_off_cpu_breakdown_adds_the_switch_events_and_moves_the_frequency_into_the_event() {
+        let spec = PerfSpec {
+            perf: "/usr/bin/perf".into(),
+            pid: 42,
+            output: "/out/perf.data".into(),
+            event: "cpu-clock".into(),
+            freq: 999,
+            keep: None,
+            bpf_events: true,
+            recording: Recording::Continuous,
+            call_graph: vec![],
+            off_cpu: Some(Duration::from_secs(1)),
+            extra: vec![],
+        };
+        let args: Vec<String> = spec
+            .args(5, 7)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let args = args.join(" ");
+        assert!(
+            args.contains(" -e cpu-clock/freq=999/ -e sched:sched_switch --switch-events "),
+            "{args}"
+        );
+        assert!(!args.contains(" -F "), "{args}");
+    }
+
+    #[test]
+    fn a_frequency_term_fits_every_event_spelling() {
+        assert_eq!(with_freq("cpu-clock", 99), "cpu-clock/freq=99/");
+        assert_eq!(with_freq("cycles:u", 99), "cycles/freq=99/u");
+        assert_eq!(with_freq("cpu/cycles/", 99), "cpu/cycles,freq=99/");
+        assert_eq!(
+            with_freq("sched:sched_wakeup", 1),
+            "sched:sched_wakeup/freq=1/"
         );
     }
 

@@ -7,12 +7,21 @@
 //! under `--switch-output` (they are filled only while build-ids are
 //! processed or with `--timestamp-boundary`), so the samples are read.
 //!
+//! With the off-CPU breakdown on, it also holds the context-switch records
+//! of the target's threads (`--switch-events`), read here for the threads
+//! that hit.
+//!
 //! Parsing uses the `linux-perf-data` crate (docs/dependencies.md).
 
-use std::{fs::File, io::BufReader, path::Path};
+use std::{collections::HashMap, fs::File, io::BufReader, path::Path};
 
-use linux_perf_data::{PerfFileReader, PerfFileRecord, linux_perf_event_reader::EventRecord};
+use linux_perf_data::{
+    PerfFileReader, PerfFileRecord,
+    linux_perf_event_reader::{ContextSwitchRecord, EventRecord, TaskWasPreempted},
+};
 use serde::Serialize;
+
+use crate::offcpu::{Switch, SwitchKind};
 
 /// The samples of one snapshot file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,26 +58,62 @@ impl SampleSpan {
     }
 }
 
-/// Reads the sample span of a perf.data file. `Ok(None)`: a valid file with
-/// no timed samples. Errors: unreadable or malformed files.
-pub fn sample_span(path: &Path) -> anyhow::Result<Option<SampleSpan>> {
+/// What the recorder reads from a completed snapshot file.
+#[derive(Debug, Default)]
+pub struct FileFacts {
+    /// `None`: no timed samples.
+    pub span: Option<SampleSpan>,
+    /// Context switches of the threads asked for, by tid, in file order.
+    pub switches: HashMap<u32, Vec<Switch>>,
+}
+
+/// Reads the sample span of a perf.data file and the context-switch records
+/// of the threads in `tids`. Errors: unreadable or malformed files.
+pub fn read_facts(path: &Path, tids: &[u32]) -> anyhow::Result<FileFacts> {
     let file = BufReader::new(File::open(path)?);
     let PerfFileReader {
         mut perf_file,
         mut record_iter,
     } = PerfFileReader::parse_file(file)?;
-    let mut span = None;
+    let mut facts = FileFacts::default();
     while let Some(record) = record_iter.next_record(&mut perf_file)? {
         let PerfFileRecord::EventRecord { record, .. } = record else {
             continue;
         };
-        if let Ok(EventRecord::Sample(s)) = record.parse()
-            && let Some(t) = s.timestamp
-        {
-            span = Some(SampleSpan::add(span, t));
+        match record.parse() {
+            Ok(EventRecord::Sample(s)) => {
+                if let Some(t) = s.timestamp {
+                    facts.span = Some(SampleSpan::add(facts.span, t));
+                }
+            }
+            Ok(EventRecord::ContextSwitch(c)) if !tids.is_empty() => {
+                let common = record.common_data().ok();
+                let tid = common.as_ref().and_then(|c| c.tid).map(|t| t as u32);
+                let time = common.as_ref().and_then(|c| c.timestamp);
+                if let (Some(tid), Some(time_ns)) = (tid, time)
+                    && tids.contains(&tid)
+                {
+                    let kind = switch_kind(c);
+                    facts
+                        .switches
+                        .entry(tid)
+                        .or_default()
+                        .push(Switch { time_ns, kind });
+                }
+            }
+            _ => {}
         }
     }
-    Ok(span)
+    Ok(facts)
+}
+
+fn switch_kind(c: ContextSwitchRecord) -> SwitchKind {
+    match c {
+        ContextSwitchRecord::In { .. } => SwitchKind::In,
+        ContextSwitchRecord::Out { preempted, .. } => SwitchKind::Out {
+            preempted: preempted == TaskWasPreempted::Yes,
+        },
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +142,6 @@ mod tests {
     fn a_file_that_is_not_perf_data_is_an_error() {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(tmp.path(), b"not a perf file").unwrap();
-        assert!(sample_span(tmp.path()).is_err());
+        assert!(read_facts(tmp.path(), &[]).is_err());
     }
 }

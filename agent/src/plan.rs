@@ -49,6 +49,9 @@ pub struct TriggerPlan {
     /// A `--pid` trigger also counts the calls of processes forked from
     /// its target (on unless `--no-follow-forks`; off for `--exe`).
     pub follow_forks: bool,
+    /// The off-CPU breakdown (`--off-cpu`, on by default with
+    /// `--slower-than`): the window before a hit without a duration.
+    pub off_cpu: Option<Duration>,
     pub after: Option<Duration>,
     pub max_snapshots: Option<u64>,
 }
@@ -317,9 +320,19 @@ fn trigger_plan(o: &TriggerOptions, name: String) -> Result<TriggerPlan, Failure
         use_uretprobe: o.use_uretprobe,
         always_armed: o.always_armed,
         follow_forks: o.pid.is_some() && !o.no_follow_forks,
+        off_cpu: off_cpu(o, duration("off_cpu_window", &o.off_cpu_window)?),
         after: duration("after", &o.after)?,
         max_snapshots: o.max_snapshots,
     })
+}
+
+/// `--off-cpu-window` unless told otherwise: the report's `--window`.
+pub const DEFAULT_OFF_CPU_WINDOW: Duration = Duration::from_secs(1);
+
+/// Whether a trigger records the off-CPU breakdown, and its window.
+fn off_cpu(o: &TriggerOptions, window: Option<Duration>) -> Option<Duration> {
+    let on = !o.no_off_cpu && (o.off_cpu || o.slower_than.is_some());
+    on.then(|| window.unwrap_or(DEFAULT_OFF_CPU_WINDOW))
 }
 
 #[cfg(test)]
@@ -439,6 +452,32 @@ mod tests {
         ]))
         .unwrap();
         assert!(p.triggers[0].always_armed);
+    }
+
+    #[test]
+    fn the_off_cpu_breakdown_is_on_for_slower_than_and_opt_in_otherwise() {
+        let off = |args: &[&str]| {
+            let mut v = vec!["mt-agent", "--pid", "1", "-s", "f"];
+            v.extend_from_slice(args);
+            plan(&run_args(&v)).unwrap().triggers[0].off_cpu
+        };
+        let s = Duration::from_secs;
+        assert_eq!(off(&["--slower-than", "5ms"]), Some(s(1)));
+        assert_eq!(off(&["--slower-than", "5ms", "--no-off-cpu"]), None);
+        assert_eq!(off(&[]), None);
+        assert_eq!(off(&["--off-cpu", "--off-cpu-window", "3s"]), Some(s(3)));
+        assert!(
+            Cli::try_parse_from([
+                "mt-agent",
+                "--pid",
+                "1",
+                "-s",
+                "f",
+                "--off-cpu",
+                "--no-off-cpu"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -27,9 +27,10 @@ use crate::{
     end::{RecorderFacts, recorder_end},
     error::Failure,
     index::{Index, OutputDir},
+    offcpu::{self, OffCpu},
     output::{Reporter, SnapshotEvent},
     perf::{self, PerfLine, PerfProcess, PerfSpec, Recording, SpinDetector},
-    perf_data::{self, SampleSpan},
+    perf_data,
     run::{EndReason, RecorderOutcome},
     snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
     target,
@@ -271,6 +272,9 @@ pub struct Recorder {
     keeper: Option<Arc<Mutex<Keeper>>>,
     /// How perf keeps samples.
     spec_recording: Recording,
+    /// The off-CPU breakdown's window before a hit without a duration;
+    /// `None`: no breakdown.
+    off_cpu: Option<Duration>,
     disarm: Arc<crate::disarm::Board>,
 }
 
@@ -349,6 +353,7 @@ impl Recorder {
             next_sample: spawned + SAMPLE_EVERY,
             keeper,
             spec_recording: spec.recording,
+            off_cpu: spec.off_cpu,
             disarm,
         })
     }
@@ -644,7 +649,7 @@ impl Recorder {
             .map(|c| c.read(self.trigger))
             .unwrap_or_default();
         let merged = self.machine.stats().merged;
-        snap.span = read_span(&path);
+        read_facts(&path, &mut snap, self.off_cpu);
         mark_calls_before(&mut snap);
         let disarm = self
             .disarm
@@ -774,13 +779,34 @@ impl Recorder {
     }
 }
 
-/// The samples of a completed snapshot file (`None`, logged, when it cannot
-/// be read).
-fn read_span(path: &std::path::Path) -> Option<SampleSpan> {
-    perf_data::sample_span(path)
-        .inspect_err(|e| log::debug!("reading the samples of {}: {e:#}", path.display()))
-        .ok()
-        .flatten()
+/// Reads a completed snapshot file: its sample span, and with the off-CPU
+/// breakdown (`off_cpu`, the window before a hit without a duration) each
+/// hit's breakdown. Left unset, logged, when the file cannot be read.
+fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Duration>) {
+    let tids: Vec<u32> = match off_cpu {
+        Some(_) => snap.hits.iter().map(|h| h.tid).collect(),
+        None => Vec::new(),
+    };
+    let facts = match perf_data::read_facts(path, &tids) {
+        Ok(f) => f,
+        Err(e) => {
+            log::debug!("reading the samples of {}: {e:#}", path.display());
+            return;
+        }
+    };
+    snap.span = facts.span;
+    let Some(window) = off_cpu else {
+        return;
+    };
+    for h in &mut snap.hits {
+        let back = h.duration_ns.unwrap_or(window.as_nanos() as u64);
+        let from = h.ktime_ns.saturating_sub(back);
+        let switches = facts.switches.get(&h.tid).map_or(&[][..], Vec::as_slice);
+        h.off_cpu = Some(OffCpu {
+            off_cpu_from_ns: from,
+            breakdown: offcpu::breakdown(switches, from, h.ktime_ns),
+        });
+    }
 }
 
 /// Marks the `--slower-than` hits whose call began before the file's oldest

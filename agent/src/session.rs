@@ -168,6 +168,8 @@ fn start_driver(
         bpf_events: args.perf_bpf_events,
         call_graph: p.unwinding.perf_args(),
         recording: p.recording,
+        // Per trigger: set as each recorder starts.
+        off_cpu: None,
         extra: plan.settings.perf_args.clone(),
     };
     let keeper = plan
@@ -372,7 +374,7 @@ fn trigger_setups(
         };
         setups.push(TriggerSetup {
             index,
-            armed: armed(index, &r, &out, shown),
+            armed: armed(index, &r, &out, shown, t.off_cpu.is_some()),
             plan: AttachPlan {
                 trigger: index,
                 path: r.res.object.open_path.clone(),
@@ -390,6 +392,7 @@ fn trigger_setups(
             // cooldown: detaching it would miss the others' hits.
             disarm: (pid.is_some() && !t.always_armed && !t.filters.cooldown.is_zero())
                 .then_some(t.filters.cooldown),
+            off_cpu: t.off_cpu,
             watch: r.watch,
         });
     }
@@ -397,7 +400,7 @@ fn trigger_setups(
 }
 
 /// A trigger's `armed` event, less what is known only once it is armed.
-fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown) -> Armed {
+fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> Armed {
     let res = &r.res;
     Armed {
         pid: match r.watch {
@@ -431,6 +434,7 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown) -> Armed {
         recording: shown.recording.name(),
         flight_ring_bytes: shown.recording.ring_bytes(),
         unwinding: shown.unwinding.clone(),
+        off_cpu,
     }
 }
 

@@ -20,7 +20,7 @@
 
 use serde::Serialize;
 
-use crate::perf_data::SampleSpan;
+use crate::{offcpu::OffCpu, perf_data::SampleSpan};
 
 /// Least time between a `Dump` line and the next SIGUSR2 or `stop`, in ns:
 /// perf's file names have centisecond resolution.
@@ -59,6 +59,11 @@ pub struct IndexedHit {
     /// too small for the call, or a call that spans an earlier snapshot).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub starts_before_samples: bool,
+    /// The off-CPU breakdown of the hit's thread (`--off-cpu`, on by
+    /// default with `--slower-than`). The recorder computes it from the
+    /// file's context-switch records before indexing.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub off_cpu: Option<OffCpu>,
 }
 
 /// Kind of a snapshot file.
@@ -400,6 +405,7 @@ mod tests {
             retval: None,
             merged: false,
             starts_before_samples: false,
+            off_cpu: None,
         }
     }
 

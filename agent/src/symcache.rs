@@ -185,7 +185,13 @@ impl Worker {
             // events, and was kept by earlier scans.
             return;
         };
-        for o in objects {
+        // Only code has frames: perf records executable mappings (MMAP2
+        // without `-d`). Data mappings such as a database's shared memory
+        // (`/dev/zero (deleted)`, `/SYSV...`) have no build-id to keep.
+        let code = objects
+            .into_iter()
+            .filter(|o| o.mappings.iter().any(|m| m.perms.contains('x')));
+        for o in code {
             if o.deleted
                 && self.replaced.insert((o.path.clone(), o.inode))
                 && let Some(r) = &self.reporter
