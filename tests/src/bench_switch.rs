@@ -162,7 +162,7 @@ pub fn print(r: &Value) {
         format!("median of {}", r["rounds"])
     };
     println!(
-        "\n### Switch: cost per context switch, two threads ping-pong a byte on one CPU ({} s, {runs})\n",
+        "\n### Context switches: ns per switch, two threads ping-pong a byte on one CPU ({} s, {runs})\n",
         r["seconds"]
     );
     println!(
