@@ -46,6 +46,11 @@ pub struct OffCpu {
     pub off_cpu_from_ns: u64,
     #[serde(flatten)]
     pub breakdown: Breakdown,
+    /// The file has a switch record of the thread at or before the window's
+    /// start, so it reaches back to it even when the thread was asleep
+    /// there and left no sample.
+    #[serde(skip)]
+    pub reaches_start: bool,
 }
 
 /// One stretch off CPU, clipped to the window.

@@ -685,28 +685,43 @@ mod tests {
         );
     }
 
-    #[test]
-    fn perf_command_line() {
-        let spec = PerfSpec {
+    /// A spec for argument tests: `cpu-clock` at 999 Hz on pid 42.
+    fn spec(recording: Recording, off_cpu: Option<Duration>) -> PerfSpec {
+        PerfSpec {
             perf: "/usr/bin/perf".into(),
             pid: 42,
             output: "/out/perf.data".into(),
             event: "cpu-clock".into(),
             freq: 999,
-            keep: Some(3),
-            bpf_events: false,
-            recording: Recording::FlightRecorder { ring_pages: 512 },
-            call_graph: vec!["--call-graph".into(), "fp".into()],
-            off_cpu: None,
-            extra: vec!["--call-graph".into(), "dwarf".into()],
-        };
+            keep: None,
+            bpf_events: true,
+            recording,
+            call_graph: vec![],
+            off_cpu,
+            extra: vec![],
+        }
+    }
+
+    fn args_text(spec: &PerfSpec) -> String {
         let args: Vec<String> = spec
             .args(5, 7)
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect();
+        args.join(" ")
+    }
+
+    #[test]
+    fn perf_command_line() {
+        let spec = PerfSpec {
+            keep: Some(3),
+            bpf_events: false,
+            call_graph: vec!["--call-graph".into(), "fp".into()],
+            extra: vec!["--call-graph".into(), "dwarf".into()],
+            ..spec(Recording::FlightRecorder { ring_pages: 512 }, None)
+        };
         assert_eq!(
-            args.join(" "),
+            args_text(&spec),
             "record -p 42 --switch-output=signal -o /out/perf.data -e cpu-clock -F 999 \
              --call-graph fp -k CLOCK_MONOTONIC --control fd:5,7 --buildid-mmap \
              --switch-max-files=3 --overwrite -m 512 --no-bpf-event --call-graph dwarf"
@@ -715,25 +730,7 @@ mod tests {
 
     #[test]
     fn the_off_cpu_breakdown_adds_the_switch_events_and_moves_the_frequency_into_the_event() {
-        let spec = PerfSpec {
-            perf: "/usr/bin/perf".into(),
-            pid: 42,
-            output: "/out/perf.data".into(),
-            event: "cpu-clock".into(),
-            freq: 999,
-            keep: None,
-            bpf_events: true,
-            recording: Recording::Continuous,
-            call_graph: vec![],
-            off_cpu: Some(Duration::from_secs(1)),
-            extra: vec![],
-        };
-        let args: Vec<String> = spec
-            .args(5, 7)
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect();
-        let args = args.join(" ");
+        let args = args_text(&spec(Recording::Continuous, Some(Duration::from_secs(1))));
         assert!(
             args.contains(" -e cpu-clock/freq=999/ -e sched:sched_switch --switch-events "),
             "{args}"

@@ -466,6 +466,13 @@ mod tests {
         assert_eq!(off(&["--slower-than", "5ms", "--no-off-cpu"]), None);
         assert_eq!(off(&[]), None);
         assert_eq!(off(&["--off-cpu", "--off-cpu-window", "3s"]), Some(s(3)));
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_file(
+            &dir,
+            "[[trigger]]\npid = 1\nsymbol = \"f\"\nslower_than = \"1ms\"\nno_off_cpu = true\n",
+        );
+        let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(p.triggers[0].off_cpu, None);
         assert!(
             Cli::try_parse_from([
                 "mt-agent",

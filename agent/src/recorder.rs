@@ -805,18 +805,21 @@ fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Durat
         h.off_cpu = Some(OffCpu {
             off_cpu_from_ns: from,
             breakdown: offcpu::breakdown(switches, from, h.ktime_ns),
+            reaches_start: switches.iter().any(|s| s.time_ns <= from),
         });
     }
 }
 
 /// Marks the `--slower-than` hits whose call began before the file's oldest
-/// sample.
+/// sample, unless a switch record of the thread shows the file reaches back
+/// to it (a call that began asleep leaves no sample at its start).
 fn mark_calls_before(snap: &mut Snapshot) {
     let span = snap.span;
     for h in &mut snap.hits {
         if let Some(d) = h.duration_ns {
             let start = h.ktime_ns.saturating_sub(d);
-            h.starts_before_samples = span.is_none_or(|s| s.starts_after(start));
+            let reached = h.off_cpu.is_some_and(|o| o.reaches_start);
+            h.starts_before_samples = !reached && span.is_none_or(|s| s.starts_after(start));
         }
     }
 }

@@ -110,6 +110,7 @@ mod tests {
                 mode: "fp".into(),
                 reason: "test".into(),
             },
+            off_cpu: false,
         }
     }
 
