@@ -48,6 +48,14 @@ fn breakdown(h: &Value) -> (u64, u64, u64, u64) {
         dur,
         "the three figures add up to the call: {h}"
     );
+    eprintln!(
+        "OFFCPU tid {}: call {:.1} ms = on CPU {:.1} + runnable {:.1} + blocked {:.1}",
+        h["tid"],
+        dur as f64 / 1e6,
+        on as f64 / 1e6,
+        run as f64 / 1e6,
+        blk as f64 / 1e6
+    );
     (on, run, blk, dur)
 }
 
