@@ -15,7 +15,9 @@
 //!   `--flight-recorder` (perf keeps the records in its rings instead of
 //!   writing them);
 //! - **not traced**: the ping-pong process runs untraced while mt-agent, with
-//!   the breakdown on, traces another process (a sleeping `offcpu wait`).
+//!   the breakdown on, traces another process (a sleeping `offcpu wait`);
+//!   and the same with the breakdown off, to tell what the breakdown's
+//!   events cost other processes from what a perf of another process does.
 
 use std::time::Duration;
 
@@ -24,7 +26,7 @@ use serde_json::{Value, json};
 
 /// The setups, in the order they run in each round: (name, agent options;
 /// None for no agent).
-const SETUPS: [(&str, Option<&[&str]>); 5] = [
+const SETUPS: [(&str, Option<&[&str]>); 6] = [
     ("no agent", None),
     ("traced, breakdown off", Some(&["--no-off-cpu"])),
     ("traced, breakdown on", Some(&[])),
@@ -32,7 +34,14 @@ const SETUPS: [(&str, Option<&[&str]>); 5] = [
         "traced, breakdown on, flight recorder",
         Some(&["--flight-recorder"]),
     ),
-    ("not traced (agent on another process)", Some(&[])),
+    (
+        "not traced, agent with the breakdown on elsewhere",
+        Some(&[]),
+    ),
+    (
+        "not traced, agent with the breakdown off elsewhere",
+        Some(&["--no-off-cpu"]),
+    ),
 ];
 
 /// The figure the ping-pong printed: `ns_per_switch X`.

@@ -118,7 +118,7 @@ fn bench_quick_runs_every_part() {
     }
     // Every switch setup ran and the ping-pong printed its figure.
     let switch = r["switch"]["rows"].as_array().unwrap();
-    assert_eq!(switch.len(), 5, "{switch:?}");
+    assert_eq!(switch.len(), 6, "{switch:?}");
     for row in switch {
         assert!(
             row["ns_per_switch"].as_f64().is_some_and(f64::is_finite),
