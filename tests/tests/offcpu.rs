@@ -305,6 +305,12 @@ fn only_the_target_pays() {
             t.pid()
         );
     }
+    eprintln!(
+        "OFFCPU untraced pid {other_pid}: {during} switches during the run, 0 records; target {}: {} sched_switch samples, {} switch records",
+        t.pid(),
+        count(t.pid(), "sched:sched_switch"),
+        count(t.pid(), "PERF_RECORD_SWITCH")
+    );
     let per_pid: HashMap<i32, usize> = recs.iter().fold(HashMap::new(), |mut m, r| {
         *m.entry(r.pid).or_default() += 1;
         m
