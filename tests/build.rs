@@ -4,7 +4,8 @@
 //! Variants of `target.c`: plain; a stripped PIE that exports `trigger` only
 //! in `.dynsym`; and a stripped copy whose `trigger` is static, with separate
 //! debug info found through `.gnu_debuglink`. `unwind.c`: two builds with
-//! different function names, and one without frame pointers.
+//! different function names, and one without frame pointers. `offcpu.c`:
+//! the off-CPU breakdown's target (blocked, runnable and ping-pong modes).
 
 use std::{env, path::PathBuf, process::Command};
 
@@ -97,6 +98,13 @@ fn main() {
         .arg("-o")
         .arg(o("moment"))
         .arg(s("moment.c")));
+    // The off-CPU breakdown's target (tests/tests/offcpu.rs and the bench's
+    // switch part).
+    run(Command::new("gcc")
+        .args(cflags)
+        .arg("-o")
+        .arg(o("offcpu"))
+        .arg(s("offcpu.c")));
     run(Command::new("g++")
         .args(cflags)
         .arg("-o")

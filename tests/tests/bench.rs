@@ -1,5 +1,6 @@
 //! The bench harness must not rot: `bench --quick` runs every part (overhead
-//! for each setup and first instruction, latency, storm, time to armed) and
+//! for each setup and first instruction, latency, storm, time to armed,
+//! waiting, stacks, report, switch) and
 //! writes its tables and JSON. No timing is asserted here; the figures live
 //! in `cargo xtask bench`. Privileged.
 
@@ -40,6 +41,7 @@ fn bench_quick_runs_every_part() {
         "Waiting: a busy 2-thread target",
         "Stacks: frame pointers vs DWARF",
         "Report: `mt-agent report` against the anchor pipeline",
+        "Context switches: ns per switch",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -113,6 +115,15 @@ fn bench_quick_runs_every_part() {
     for row in stacks {
         assert!(row["samples"].as_u64().unwrap() > 0, "{row}");
         assert!(row["bytes_per_sample"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    // Every switch setup ran and the ping-pong printed its figure.
+    let switch = r["switch"]["rows"].as_array().unwrap();
+    assert_eq!(switch.len(), 6, "{switch:?}");
+    for row in switch {
+        assert!(
+            row["ns_per_switch"].as_f64().is_some_and(f64::is_finite),
+            "{row}"
+        );
     }
     // Nothing left behind.
     assert_no_programs_loaded("after the bench");

@@ -27,6 +27,7 @@ const E2E: &[&str] = &[
     "recording",
     "unwind",
     "report",
+    "offcpu",
     "hostile",
     "bench",
 ];

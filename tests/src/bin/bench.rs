@@ -25,6 +25,8 @@ use serde_json::{Value, json};
 
 #[path = "../bench_report.rs"]
 mod bench_report;
+#[path = "../bench_switch.rs"]
+mod bench_switch;
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -134,7 +136,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -176,6 +178,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let switch = if part("switch") {
+        bench_switch::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -190,10 +197,12 @@ fn main() {
         "waiting": waiting,
         "stacks": stacks,
         "report": report_part,
+        "switch": switch,
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
     bench_report::print(&report["report"]);
+    bench_switch::print(&report["switch"]);
     if let Some(out) = out {
         if let Some(d) = out.parent() {
             let _ = fs::create_dir_all(d);

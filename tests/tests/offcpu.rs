@@ -1,0 +1,534 @@
+//! The off-CPU breakdown: each slow call's on-CPU, runnable and blocked
+//! time, and the blocking stacks, recorded by perf for the target's threads
+//! only (`-e sched:sched_switch --switch-events`). Real targets
+//! (tests/targets/offcpu.c), the real agent, real perf. Privileged.
+//!
+//! The bounds on times are the issue's own (blocked ≥ 90 ms, on-CPU 10-40 ms,
+//! runnable most of the call); each comment says why it holds on a loaded
+//! machine. The three figures must add up to the call's duration exactly:
+//! the agent cuts them from the same window.
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use mt_agent_tests::*;
+use serde_json::Value;
+
+const MS: u64 = 1_000_000;
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// The three figures of a hit, checked to add up to its window, which for a
+/// `--slower-than` hit is the call: `[ktime_ns - duration_ns, ktime_ns]`.
+/// Returns (on CPU, runnable, blocked, duration), ns.
+fn breakdown(h: &Value) -> (u64, u64, u64, u64) {
+    for k in ["off_cpu_from_ns", "on_cpu_ns", "runnable_ns", "blocked_ns"] {
+        assert!(h[k].is_u64(), "hit without {k}: {h}");
+    }
+    let (on, run, blk) = (
+        n(&h["on_cpu_ns"]),
+        n(&h["runnable_ns"]),
+        n(&h["blocked_ns"]),
+    );
+    let (dur, end, from) = (
+        n(&h["duration_ns"]),
+        n(&h["ktime_ns"]),
+        n(&h["off_cpu_from_ns"]),
+    );
+    assert_eq!(from, end - dur, "the window is the call: {h}");
+    assert_eq!(
+        on + run + blk,
+        dur,
+        "the three figures add up to the call: {h}"
+    );
+    eprintln!(
+        "OFFCPU tid {}: call {:.1} ms = on CPU {:.1} + runnable {:.1} + blocked {:.1}",
+        h["tid"],
+        dur as f64 / 1e6,
+        on as f64 / 1e6,
+        run as f64 / 1e6,
+        blk as f64 / 1e6
+    );
+    (on, run, blk, dur)
+}
+
+/// One record of `perf script --show-switch-events`: a sample (its event
+/// name, tracepoint fields and call chain) or a `PERF_RECORD_SWITCH`.
+#[derive(Debug)]
+struct Rec {
+    pid: i32,
+    tid: i32,
+    time_ns: u64,
+    /// `sched:sched_switch`, `cpu-clock/freq=999/`, or `PERF_RECORD_SWITCH`.
+    event: String,
+    /// The tracepoint's fields, or the switch record's direction
+    /// (`IN`, `OUT`, `OUT preempt`).
+    rest: String,
+    /// Symbols, innermost first.
+    frames: Vec<String>,
+}
+
+/// `SECONDS.NANOS:` as ns, without going through a float.
+fn parse_time(word: &str) -> Option<u64> {
+    let (s, ns) = word.strip_suffix(':')?.split_once('.')?;
+    Some(s.parse::<u64>().ok()? * 1_000_000_000 + ns.parse::<u64>().ok()?)
+}
+
+fn parse_header(line: &str) -> Option<Rec> {
+    let mut words = line.split_whitespace();
+    let (pid, tid) = words.next()?.split_once('/')?;
+    let time_ns = parse_time(words.next()?)?;
+    let rest: Vec<&str> = words.collect();
+    let (event, rest) = match rest.first() {
+        Some(&"PERF_RECORD_SWITCH") => ("PERF_RECORD_SWITCH".to_string(), rest[1..].join(" ")),
+        Some(e) => (e.trim_end_matches(':').to_string(), rest[1..].join(" ")),
+        None => return None,
+    };
+    Some(Rec {
+        pid: pid.parse().ok()?,
+        tid: tid.parse().ok()?,
+        time_ns,
+        event,
+        rest,
+        frames: Vec::new(),
+    })
+}
+
+/// Every sample and switch record of a snapshot file.
+fn records(file: &Path) -> Vec<Rec> {
+    let out = Command::new(perf_bin().expect("perf"))
+        .args([
+            "script",
+            "-F",
+            "pid,tid,time,event,trace,ip,sym",
+            "--ns",
+            "--show-switch-events",
+            "-i",
+        ])
+        .arg(file)
+        .output()
+        .expect("perf script");
+    assert!(
+        out.status.success(),
+        "perf script -i {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut recs: Vec<Rec> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with('\t') {
+            // "\t  ip sym": a frame of the last sample.
+            if let (Some(last), Some(sym)) = (recs.last_mut(), line.split_whitespace().nth(1)) {
+                last.frames.push(sym.to_string());
+            }
+        } else if let Some(r) = parse_header(line) {
+            recs.push(r);
+        }
+    }
+    recs
+}
+
+/// The records of every snapshot of a run.
+fn all_records(run: &Run) -> Vec<Rec> {
+    perf_files(&run.out)
+        .iter()
+        .flat_map(|f| records(&run.out.join(f)))
+        .collect()
+}
+
+fn offcpu() -> std::path::PathBuf {
+    target_path("offcpu")
+}
+
+#[test]
+fn a_blocked_call_is_mostly_blocked_with_wait_part_on_its_stack() {
+    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
+    let tgid = t.pid();
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "slow_call",
+            "--slower-than",
+            "50ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let hits = run.hits();
+    assert_eq!(hits.len(), 3, "one hit per slow call\n{}", run.output());
+    let recs = all_records(&run);
+    for h in &hits {
+        let (on, _run, blk, _dur) = breakdown(h);
+        // wait_part sleeps until the waker's 100 ms nanosleep ends: at least
+        // ~100 ms minus the few µs between waking the waker and blocking.
+        assert!(blk >= 90 * MS, "blocked {blk} ns < 90 ms: {h}");
+        // compute_part burns 20 ms of thread CPU time (CPU time, so load
+        // stretches its wall time into runnable time, not on-CPU time); the
+        // rest of the call runs for µs. 10-40 ms leaves room for the
+        // switch records' and the CPU clock's granularity.
+        assert!((10 * MS..=40 * MS).contains(&on), "on-CPU {on} ns: {h}");
+        // The snapshot holds the blocking switch, with wait_part on its stack.
+        let (tid, from, to) = (
+            n(&h["tid"]) as i32,
+            n(&h["off_cpu_from_ns"]),
+            n(&h["ktime_ns"]),
+        );
+        let blocking: Vec<&Rec> = recs
+            .iter()
+            .filter(|r| r.tid == tid && r.event == "sched:sched_switch")
+            .filter(|r| (from..=to).contains(&r.time_ns) && r.rest.contains("prev_state=S"))
+            .collect();
+        assert!(
+            blocking
+                .iter()
+                .any(|r| r.frames.iter().any(|f| f == "wait_part")),
+            "no sleeping switch of tid {tid} (tgid {tgid}) with wait_part on its stack in the call: {blocking:?}"
+        );
+    }
+    // --json prints the same figures as the index.
+    let printed: Vec<Value> = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == "snapshot")
+        .flat_map(|v| v["hits"].as_array().cloned().unwrap_or_default())
+        .collect();
+    for h in &hits {
+        let p = printed
+            .iter()
+            .find(|p| p["seq"] == h["seq"])
+            .unwrap_or_else(|| panic!("hit {} not printed\n{}", h["seq"], run.output()));
+        for k in ["on_cpu_ns", "runnable_ns", "blocked_ns", "off_cpu_from_ns"] {
+            assert_eq!(p[k], h[k], "{k}: printed {p}, indexed {h}");
+        }
+    }
+}
+
+#[test]
+fn a_call_that_waits_for_a_cpu_is_mostly_runnable() {
+    let mut t = Target::start(&offcpu(), &["runnable", "3"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "slow_call_cpu",
+            "--slower-than",
+            "50ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let hits = run.hits();
+    // 60 ms of CPU time each: every call is slower than 50 ms.
+    assert_eq!(hits.len(), 3, "one hit per call\n{}", run.output());
+    for h in hits {
+        let (_on, runnable, _blk, dur) = breakdown(h);
+        // Three CPU-bound threads share one CPU, so the caller waits in the
+        // run queue about 2/3 of the call; other load on the machine only
+        // adds to that.
+        assert!(
+            runnable * 2 > dur,
+            "runnable {runnable} ns is not most of {dur} ns: {h}"
+        );
+    }
+}
+
+/// Context switches a process has made, from its threads' /proc status.
+fn switches(pid: i32) -> u64 {
+    let mut total = 0;
+    for e in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let tid: i32 = e.file_name().to_string_lossy().parse().unwrap();
+        for key in ["voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"] {
+            total += status_field(tid, key)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+#[test]
+fn only_the_target_pays() {
+    // A busy process that is not the target: two threads ping-pong a byte,
+    // hundreds of thousands of switches a second, for longer than the run.
+    let mut other = Target::start(&offcpu(), &["pingpong", "120"]);
+    other.go();
+    let other_pid = other.pid();
+    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
+    let before = switches(other_pid);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "slow_call",
+            "--slower-than",
+            "50ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let during = switches(other_pid) - before;
+    assert!(
+        other.proc.try_status().is_none(),
+        "the ping-pong process ended during the run: {:?}",
+        other.proc.stdout()
+    );
+    drop(other);
+    // The premise: the other process switched all through the run.
+    assert!(
+        during > 1000,
+        "the ping-pong process switched only {during} times"
+    );
+    let recs = all_records(&run);
+    let count = |pid: i32, event: &str| {
+        recs.iter()
+            .filter(|r| r.pid == pid && r.event == event)
+            .count()
+    };
+    for event in ["sched:sched_switch", "PERF_RECORD_SWITCH"] {
+        assert_eq!(
+            count(other_pid, event),
+            0,
+            "{event} of the untraced process {other_pid} in the snapshots"
+        );
+        assert!(
+            count(t.pid(), event) > 0,
+            "no {event} of the target {} in the snapshots",
+            t.pid()
+        );
+    }
+    eprintln!(
+        "OFFCPU untraced pid {other_pid}: {during} switches during the run, 0 records; target {}: {} sched_switch samples, {} switch records",
+        t.pid(),
+        count(t.pid(), "sched:sched_switch"),
+        count(t.pid(), "PERF_RECORD_SWITCH")
+    );
+    let per_pid: HashMap<i32, usize> = recs.iter().fold(HashMap::new(), |mut m, r| {
+        *m.entry(r.pid).or_default() += 1;
+        m
+    });
+    assert_eq!(
+        per_pid.keys().copied().collect::<Vec<_>>(),
+        vec![t.pid()],
+        "records of other processes: {per_pid:?}"
+    );
+}
+
+/// Waits until the index lists `n` snapshots.
+fn wait_snapshots(agent: &Agent, n: usize) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while read_index(&agent.out.join("snapshots.jsonl")).len() < n {
+        assert!(
+            Instant::now() < end,
+            "no {n} snapshots: {:?}",
+            agent.proc.stdout()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    status_field(pid, "State").is_some_and(|s| !s.starts_with('Z'))
+}
+
+/// An armed agent with the breakdown on, on a blocked target that has had
+/// its go and has taken two snapshots.
+fn two_snapshots_in() -> (Target, Agent) {
+    let mut t = Target::start(&offcpu(), &["blocked", "200"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "slow_call",
+        "--slower-than",
+        "50ms",
+        "--cooldown",
+        "0",
+        "--json",
+    ]);
+    agent.wait_armed();
+    t.go();
+    wait_snapshots(&agent, 2);
+    (t, agent)
+}
+
+#[test]
+fn nothing_left_behind_after_a_normal_end() {
+    let (t, agent) = two_snapshots_in();
+    agent.proc.signal(libc::SIGINT);
+    // finish() checks that no program of ours is loaded and no perf of the
+    // run is alive.
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    run.assert_index_consistent();
+    for h in run.hits() {
+        breakdown(h);
+    }
+    assert!(alive(t.pid()), "the target died");
+}
+
+#[test]
+fn nothing_left_behind_after_sigkill_of_the_agent() {
+    let (t, mut agent) = two_snapshots_in();
+    let perf = agent.perf_pid.expect("perf pid in the armed line");
+    agent.proc.signal(libc::SIGKILL);
+    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
+    assert_eq!(status.code(), None);
+    assert_no_programs_loaded("after SIGKILL of the agent");
+    // perf gets its death signal and finishes its last file; 10 s is far
+    // above the few ms that takes, for a loaded machine.
+    let end = Instant::now() + Duration::from_secs(10);
+    while alive(perf) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!alive(perf), "perf {perf} lives on after the agent died");
+    assert_no_perf_for(&agent.out, "after SIGKILL of the agent");
+    let index = read_index(&agent.out.join("snapshots.jsonl"));
+    let listed: Vec<String> = index
+        .iter()
+        .map(|v| v["file"].as_str().unwrap().to_string())
+        .collect();
+    for f in &listed {
+        assert!(agent.out.join(f).is_file(), "{f} listed but missing");
+    }
+    for h in index
+        .iter()
+        .flat_map(|v| v["hits"].as_array().cloned().unwrap_or_default())
+    {
+        breakdown(&h);
+    }
+    let unlisted: Vec<String> = perf_files(&agent.out)
+        .into_iter()
+        .filter(|f| !listed.contains(f))
+        .collect();
+    assert!(unlisted.len() <= 1, "unlisted: {unlisted:?}");
+    assert!(alive(t.pid()), "the target died");
+}
+
+#[test]
+fn perf_script_headers_parse() {
+    let s = parse_header(
+        "30464/30471 13750.273656441:  sched:sched_switch: prev_comm=t prev_pid=30471 prev_prio=120 prev_state=S ==> next_comm=t next_pid=30464 next_prio=120",
+    )
+    .unwrap();
+    assert_eq!(
+        (s.pid, s.tid, s.time_ns),
+        (30464, 30471, 13_750_273_656_441)
+    );
+    assert_eq!(s.event, "sched:sched_switch");
+    assert!(s.rest.contains("prev_state=S"));
+    let w = parse_header("30464/30464 13750.273629441: PERF_RECORD_SWITCH OUT preempt").unwrap();
+    assert_eq!(w.event, "PERF_RECORD_SWITCH");
+    assert_eq!(w.rest, "OUT preempt");
+    let c = parse_header("30464/30464 13750.000000433: cpu-clock/freq=999/: ").unwrap();
+    assert_eq!(c.event, "cpu-clock/freq=999/");
+    assert_eq!(c.time_ns, 13_750_000_000_433);
+}
+
+/// The kernel's function names (/proc/kallsyms; root sees them all).
+fn kernel_symbols() -> std::collections::HashSet<String> {
+    fs::read_to_string("/proc/kallsyms")
+        .expect("/proc/kallsyms")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A folded file: (frames root first, weight) per line.
+fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').expect("`stack weight`");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                n.parse().unwrap_or_else(|_| panic!("weight in {l:?}")),
+            )
+        })
+        .collect()
+}
+
+/// The report side of the off-CPU breakdown (agent/src/report/) is built on
+/// its own branch: this test waits for it. Remove the `ignore` once it is
+/// merged (`OUT/report/<file>.offcpu.folded`, weights in µs).
+#[test]
+#[ignore = "needs the report's off-CPU folded files, not merged yet"]
+fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
+    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "slow_call",
+            "--slower-than",
+            "50ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let out = Command::new(agent_bin())
+        .arg("report")
+        .arg(&run.out)
+        .output()
+        .expect("mt-agent report");
+    assert!(
+        out.status.success(),
+        "mt-agent report: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = run.out.join("report");
+    let folded: Vec<_> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".offcpu.folded"))
+        .collect();
+    assert_eq!(
+        folded.len(),
+        run.hits().len(),
+        "one off-CPU folded file per slow call in {}",
+        dir.display()
+    );
+    let kernel = kernel_symbols();
+    // Kernel frames may be kept (flame-graph tools mark them `_[k]`); above
+    // wait_part there must be nothing else.
+    let is_kernel = |f: &str| f.ends_with("_[k]") || kernel.contains(f);
+    for f in folded {
+        let stacks = read_folded(&f);
+        let (top, weight) = stacks
+            .iter()
+            .max_by_key(|(_, w)| *w)
+            .unwrap_or_else(|| panic!("{} is empty", f.display()));
+        let at = top
+            .iter()
+            .position(|s| s == "wait_part")
+            .unwrap_or_else(|| {
+                panic!(
+                    "no wait_part in the heaviest stack of {}: {top:?}",
+                    f.display()
+                )
+            });
+        assert!(
+            top[at + 1..].iter().all(|s| is_kernel(s)),
+            "wait_part is not on top of the heaviest stack of {}: {top:?}",
+            f.display()
+        );
+        // Weights are µs; wait_part blocks ≥ 90 ms (see the blocked test).
+        assert!(
+            *weight >= 90_000,
+            "{}: {top:?} weighs {weight} µs",
+            f.display()
+        );
+    }
+}
