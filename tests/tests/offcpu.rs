@@ -463,7 +463,6 @@ fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
 /// its own branch: this test waits for it. Remove the `ignore` once it is
 /// merged (`OUT/report/<file>.offcpu.folded`, weights in µs).
 #[test]
-#[ignore = "needs the report's off-CPU folded files, not merged yet"]
 fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
     let run = capture(
