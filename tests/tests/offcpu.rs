@@ -459,9 +459,8 @@ fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
-/// The report side of the off-CPU breakdown (agent/src/report/) is built on
-/// its own branch: this test waits for it. Remove the `ignore` once it is
-/// merged (`OUT/report/<file>.offcpu.folded`, weights in µs).
+/// The report's off-CPU folded file (`OUT/report/<file>.offcpu.folded`,
+/// weights in µs) has `wait_part` on top of its heaviest stack.
 #[test]
 fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
