@@ -92,8 +92,14 @@ pub fn fold(s: &Samples, keep: impl Fn(&Sample) -> bool) -> Folded {
             (line, n)
         })
         .collect();
+    sort_merged(&mut out);
+    out
+}
+
+/// Sorts folded lines and adds up the weights of equal lines (two call
+/// chains can fold to the same line, `;` in a name).
+pub fn sort_merged(out: &mut Folded) {
     out.sort_unstable();
-    // Two call chains can fold to the same line (`;` in a name).
     out.dedup_by(|b, a| {
         if a.0 == b.0 {
             a.1 += b.1;
@@ -102,7 +108,6 @@ pub fn fold(s: &Samples, keep: impl Fn(&Sample) -> bool) -> Folded {
             false
         }
     });
-    out
 }
 
 /// Total samples of folded stacks.

@@ -158,16 +158,8 @@ fn fold_us(s: &Samples, by_stack: &HashMap<(&[u32], &str), u64>) -> Folded {
         .map(|((stack, _), &ns)| (root_first(s, stack), (ns + 500) / 1000))
         .filter(|(_, us)| *us > 0)
         .collect();
-    out.sort_unstable();
     // The same stack with two states, or two chains folding alike.
-    out.dedup_by(|b, a| {
-        if a.0 == b.0 {
-            a.1 += b.1;
-            true
-        } else {
-            false
-        }
-    });
+    super::moments::sort_merged(&mut out);
     out
 }
 
