@@ -804,3 +804,32 @@ impl Default for AsNobody {
         Self::new()
     }
 }
+
+/// A folded-stacks file: (frames root first, weight) per
+/// `root;...;leaf weight` line.
+pub fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').expect("`stack weight`");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                n.parse().unwrap_or_else(|_| panic!("weight in {l:?}")),
+            )
+        })
+        .collect()
+}
+
+/// Waits (up to 30 s) until the agent's index lists `n` snapshots.
+pub fn wait_snapshots(agent: &Agent, n: usize) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while read_index(&agent.out.join("snapshots.jsonl")).len() < n {
+        assert!(
+            std::time::Instant::now() < end,
+            "no {n} snapshots: {:?}",
+            agent.proc.stdout()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -49,22 +49,10 @@ fn armed(target_args: &[&str], agent_args: &[&str]) -> (Target, Agent) {
     (t, agent)
 }
 
-fn wait_snapshots(agent: &mut Agent, n: usize) {
-    let end = Instant::now() + Duration::from_secs(20);
-    while read_index(&agent.out.join("snapshots.jsonl")).len() < n {
-        assert!(
-            Instant::now() < end,
-            "no {n} snapshots: {:?}",
-            agent.proc.stdout()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn perf_killed_mid_run_is_exit_4_and_keeps_the_snapshots() {
-    let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
-    wait_snapshots(&mut agent, 2);
+    let (t, agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+    wait_snapshots(&agent, 2);
     let perf = agent.perf_pid.expect("perf pid");
     let at = Instant::now();
     // SAFETY: plain kill(2) of the perf the agent started.
@@ -120,8 +108,8 @@ fn perf_rejecting_its_event_is_exit_2_and_leaves_no_output() {
 
 #[test]
 fn a_killed_target_ends_the_run_cleanly() {
-    let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
-    wait_snapshots(&mut agent, 2);
+    let (t, agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+    wait_snapshots(&agent, 2);
     let at = Instant::now();
     t.proc.signal(libc::SIGKILL);
     let run = agent.finish(FINISH);
@@ -142,8 +130,8 @@ fn sigint_sigterm_and_sighup_are_clean_ends() {
         (libc::SIGTERM, "SIGTERM"),
         (libc::SIGHUP, "SIGHUP"),
     ] {
-        let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
-        wait_snapshots(&mut agent, 1);
+        let (t, agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
+        wait_snapshots(&agent, 1);
         let at = Instant::now();
         agent.proc.signal(sig);
         let run = agent.finish(FINISH);
@@ -165,7 +153,7 @@ fn sigint_sigterm_and_sighup_are_clean_ends() {
 #[test]
 fn a_killed_agent_leaves_no_program_and_perf_finishes() {
     let (t, mut agent) = armed(&["calls", "100", "100"], &["--symbol", "trigger"]);
-    wait_snapshots(&mut agent, 2);
+    wait_snapshots(&agent, 2);
     let perf = agent.perf_pid.expect("perf pid");
     let at = Instant::now();
     agent.proc.signal(libc::SIGKILL);

@@ -21,6 +21,16 @@ use serde_json::Value;
 
 const MS: u64 = 1_000_000;
 
+/// The agent's trigger on the blocked mode's slow call.
+const BLOCKED_CALL: &[&str] = &[
+    "--symbol",
+    "slow_call",
+    "--slower-than",
+    "50ms",
+    "--cooldown",
+    "0",
+];
+
 fn n(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
@@ -151,17 +161,7 @@ fn offcpu() -> std::path::PathBuf {
 fn a_blocked_call_is_mostly_blocked_with_wait_part_on_its_stack() {
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
     let tgid = t.pid();
-    let run = capture(
-        &mut t,
-        &[
-            "--symbol",
-            "slow_call",
-            "--slower-than",
-            "50ms",
-            "--cooldown",
-            "0",
-        ],
-    );
+    let run = capture(&mut t, BLOCKED_CALL);
     let hits = run.hits();
     assert_eq!(hits.len(), 3, "one hit per slow call\n{}", run.output());
     let recs = all_records(&run);
@@ -264,17 +264,7 @@ fn only_the_target_pays() {
     let other_pid = other.pid();
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
     let before = switches(other_pid);
-    let run = capture(
-        &mut t,
-        &[
-            "--symbol",
-            "slow_call",
-            "--slower-than",
-            "50ms",
-            "--cooldown",
-            "0",
-        ],
-    );
+    let run = capture(&mut t, BLOCKED_CALL);
     let during = switches(other_pid) - before;
     assert!(
         other.proc.try_status().is_none(),
@@ -320,19 +310,6 @@ fn only_the_target_pays() {
         vec![t.pid()],
         "records of other processes: {per_pid:?}"
     );
-}
-
-/// Waits until the index lists `n` snapshots.
-fn wait_snapshots(agent: &Agent, n: usize) {
-    let end = Instant::now() + Duration::from_secs(30);
-    while read_index(&agent.out.join("snapshots.jsonl")).len() < n {
-        assert!(
-            Instant::now() < end,
-            "no {n} snapshots: {:?}",
-            agent.proc.stdout()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn alive(pid: i32) -> bool {
@@ -444,37 +421,12 @@ fn kernel_symbols() -> std::collections::HashSet<String> {
         .collect()
 }
 
-/// A folded file: (frames root first, weight) per line.
-fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
-    fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| {
-            let (stack, n) = l.rsplit_once(' ').expect("`stack weight`");
-            (
-                stack.split(';').map(str::to_string).collect(),
-                n.parse().unwrap_or_else(|_| panic!("weight in {l:?}")),
-            )
-        })
-        .collect()
-}
-
 /// The report's off-CPU folded file (`OUT/report/<file>.offcpu.folded`,
 /// weights in µs) has `wait_part` on top of its heaviest stack.
 #[test]
 fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
-    let run = capture(
-        &mut t,
-        &[
-            "--symbol",
-            "slow_call",
-            "--slower-than",
-            "50ms",
-            "--cooldown",
-            "0",
-        ],
-    );
+    let run = capture(&mut t, BLOCKED_CALL);
     let out = Command::new(agent_bin())
         .arg("report")
         .arg(&run.out)

@@ -41,21 +41,6 @@ fn hits_json(o: &Output) -> Vec<Value> {
         .collect()
 }
 
-/// A folded file: `root;...;leaf count` lines.
-fn read_folded(path: &Path) -> Vec<(Vec<String>, u64)> {
-    fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| {
-            let (stack, n) = l.rsplit_once(' ').expect("`stack count`");
-            (
-                stack.split(';').map(str::to_string).collect(),
-                n.parse().unwrap_or_else(|_| panic!("count in {l:?}")),
-            )
-        })
-        .collect()
-}
-
 /// Share of the samples with `name` anywhere on the stack.
 fn share_under(folded: &[(Vec<String>, u64)], name: &str) -> f64 {
     let total: u64 = folded.iter().map(|(_, n)| n).sum();
