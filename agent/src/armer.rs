@@ -10,9 +10,12 @@
 //! docs/disarming.md. So the driver hands the work to this thread and
 //! hears back through a channel and its wake eventfd.
 //!
-//! The first detach of a trigger drops the links aya attached (taken out
-//! of the programs); later attaches are made here ([`crate::rawprobe`])
-//! and their links are kept here until the next detach.
+//! A trigger whose uprobes are a [`Switch`] (tracefs uprobe events) is
+//! disarmed and armed by closing and opening one perf event per uprobe,
+//! in milliseconds. Otherwise (no tracefs), the first detach of a trigger
+//! drops the links aya attached (taken out of the programs); later
+//! attaches are made here ([`crate::rawprobe`]) and their links are kept
+//! here until the next detach.
 
 use std::{
     collections::HashMap,
@@ -26,7 +29,10 @@ use std::{
 use aya::programs::uprobe::UProbeLink;
 use nix::sys::eventfd::EventFd;
 
-use crate::rawprobe::{self, RawLink};
+use crate::{
+    rawprobe::{self, RawLink},
+    uprobe_switch::Switch,
+};
 
 /// One uprobe to attach.
 pub struct Point {
@@ -46,9 +52,60 @@ pub struct ArmPlan {
 }
 
 enum Work {
-    /// Detach these links and the thread's own for the trigger.
+    /// Detach these links and the thread's own for the trigger (or
+    /// disarm its switch).
     Detach(u32, Vec<UProbeLink>),
+    /// Attach the trigger again (or arm its switch).
     Attach(ArmPlan),
+    /// Keep this switch of the trigger's.
+    Adopt(u32, Switch),
+    /// The trigger is done: drop what the thread holds of it.
+    Forget(u32),
+}
+
+/// What the thread holds.
+#[derive(Default)]
+struct Held {
+    /// Links the thread attached, by trigger.
+    own: HashMap<u32, Vec<RawLink>>,
+    /// Switches, by trigger.
+    switches: HashMap<u32, Switch>,
+}
+
+impl Held {
+    fn work(&mut self, w: Work) -> Option<Done> {
+        Some(match w {
+            Work::Detach(trigger, links) => match self.switches.get_mut(&trigger) {
+                Some(s) => Done::Detached {
+                    trigger,
+                    per_link_ns: s.disarm(),
+                },
+                None => detach(
+                    trigger,
+                    links,
+                    self.own.remove(&trigger).unwrap_or_default(),
+                ),
+            },
+            Work::Attach(plan) => match self.switches.get_mut(&plan.trigger) {
+                Some(s) => arm(plan.trigger, s),
+                None => attach(plan, &mut self.own),
+            },
+            Work::Adopt(trigger, s) => {
+                self.switches.insert(trigger, s);
+                return None;
+            }
+            Work::Forget(trigger) => {
+                let links = self.own.remove(&trigger).unwrap_or_default();
+                let mut done = detach(trigger, Vec::new(), links);
+                if let Some(mut s) = self.switches.remove(&trigger)
+                    && let Done::Detached { per_link_ns, .. } = &mut done
+                {
+                    per_link_ns.extend(s.disarm());
+                }
+                done
+            }
+        })
+    }
 }
 
 /// What the thread did.
@@ -81,16 +138,12 @@ impl Armer {
         let thread = std::thread::Builder::new()
             .name("mt-armer".into())
             .spawn(move || {
-                let mut own: HashMap<u32, Vec<RawLink>> = HashMap::new();
+                let mut held = Held::default();
                 for w in work {
-                    let d = match w {
-                        Work::Detach(trigger, links) => {
-                            detach(trigger, links, own.remove(&trigger).unwrap_or_default())
-                        }
-                        Work::Attach(plan) => attach(plan, &mut own),
-                    };
-                    let _ = done.send(d);
-                    let _ = wake.write(1);
+                    if let Some(d) = held.work(w) {
+                        let _ = done.send(d);
+                        let _ = wake.write(1);
+                    }
                 }
             })?;
         Ok(Self {
@@ -105,6 +158,20 @@ impl Armer {
     pub fn detach(&self, trigger: u32, links: Vec<UProbeLink>) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(Work::Detach(trigger, links));
+        }
+    }
+
+    /// Hands a trigger's switch to the thread. Never blocks.
+    pub fn adopt(&self, trigger: u32, switch: Switch) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Adopt(trigger, switch));
+        }
+    }
+
+    /// Drops what the thread holds of a trigger. Never blocks.
+    pub fn forget(&self, trigger: u32) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Forget(trigger));
         }
     }
 
@@ -145,6 +212,19 @@ fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
     Done::Detached {
         trigger,
         per_link_ns,
+    }
+}
+
+fn arm(trigger: u32, s: &mut Switch) -> Done {
+    let t = Instant::now();
+    let result = s
+        .arm()
+        .map_err(|e| format!("arming the uprobe events of trigger {trigger}: {e}"));
+    Done::Attached {
+        trigger,
+        result,
+        at_ns: crate::clock::monotonic_ns(),
+        took_ns: t.elapsed().as_nanos() as u64,
     }
 }
 

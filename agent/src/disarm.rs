@@ -235,14 +235,18 @@ impl Disarm {
 /// here: docs/disarming.md).
 pub const PRIOR_DETACH_NS: u64 = 130_000_000;
 pub const PRIOR_ATTACH_NS: u64 = 20_000_000;
+/// The same for a switch's detach: closing one perf event per uprobe,
+/// 0.05-4 ms measured here (docs/disarming.md), rounded up.
+pub const SWITCH_PRIOR_DETACH_NS: u64 = 5_000_000;
 
 /// How long the probes take to go out and come back: the median of the
 /// recent detaches (one trigger's uprobes, ns) plus that of the recent
 /// attaches, each with its prior until measured. A cooldown shorter than
 /// this would bring the probes back late and miss calls it could accept.
-pub fn round_trip_ns(detaches: &[u64], attaches: &[u64]) -> u64 {
+/// `prior_detach_ns`: [`PRIOR_DETACH_NS`] or [`SWITCH_PRIOR_DETACH_NS`].
+pub fn round_trip_ns(detaches: &[u64], attaches: &[u64], prior_detach_ns: u64) -> u64 {
     let median = |v: &[u64]| quantile(v, 0.5);
-    median(detaches).unwrap_or(PRIOR_DETACH_NS) + median(attaches).unwrap_or(PRIOR_ATTACH_NS)
+    median(detaches).unwrap_or(prior_detach_ns) + median(attaches).unwrap_or(PRIOR_ATTACH_NS)
 }
 
 /// How early to ask for an attach: the slowest of the recent attaches
@@ -381,10 +385,14 @@ mod tests {
     #[test]
     fn a_cooldown_shorter_than_the_round_trip_keeps_the_probes_in() {
         let mut d = Disarm::new(100 * MS, MS);
-        d.set_min_gap(round_trip_ns(&[], &[]));
+        d.set_min_gap(round_trip_ns(&[], &[], PRIOR_DETACH_NS));
         assert_eq!(d.on_hit(0, 0), Action::Keep);
         assert_eq!(d.stats_at(0).kept_armed, 1);
-        d.set_min_gap(round_trip_ns(&[40 * MS, 50 * MS, 300 * MS], &[10 * MS]));
+        d.set_min_gap(round_trip_ns(
+            &[40 * MS, 50 * MS, 300 * MS],
+            &[10 * MS],
+            PRIOR_DETACH_NS,
+        ));
         assert_eq!(d.on_hit(200 * MS, 200 * MS), Action::Detach);
         let s = d.stats_at(200 * MS);
         assert_eq!((s.cycles, s.kept_armed), (1, 1));
@@ -392,9 +400,19 @@ mod tests {
 
     #[test]
     fn the_round_trip_is_measured_medians_or_the_priors() {
-        assert_eq!(round_trip_ns(&[], &[]), PRIOR_DETACH_NS + PRIOR_ATTACH_NS);
-        assert_eq!(round_trip_ns(&[5, 7, 900], &[]), 7 + PRIOR_ATTACH_NS);
-        assert_eq!(round_trip_ns(&[5], &[3, 1, 2]), 7);
+        assert_eq!(
+            round_trip_ns(&[], &[], PRIOR_DETACH_NS),
+            PRIOR_DETACH_NS + PRIOR_ATTACH_NS
+        );
+        assert_eq!(
+            round_trip_ns(&[], &[], SWITCH_PRIOR_DETACH_NS),
+            SWITCH_PRIOR_DETACH_NS + PRIOR_ATTACH_NS
+        );
+        assert_eq!(
+            round_trip_ns(&[5, 7, 900], &[], PRIOR_DETACH_NS),
+            7 + PRIOR_ATTACH_NS
+        );
+        assert_eq!(round_trip_ns(&[5], &[3, 1, 2], PRIOR_DETACH_NS), 7);
     }
 
     #[test]

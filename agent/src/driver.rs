@@ -726,7 +726,17 @@ impl Driver {
         }
         let plan = t.plan.clone();
         let mut armed = t.armed.clone();
-        if let Err(f) = self.attach(&plan) {
+        let switched = self
+            .probes
+            .as_ref()
+            .and_then(|p| self.arming.switch(&plan, p, &self.setup.reporter));
+        let attached = match switched {
+            Some(n) => Ok(n),
+            None => self
+                .attach(&plan)
+                .map(|()| self.probes.as_ref().map_or(0, |p| p.attached_for(trigger))),
+        };
+        if let Err(f) = attached {
             self.detach_trigger(trigger);
             if let Some(r) = self.slots[slot].as_mut() {
                 if target::is_alive(pid) {
@@ -741,7 +751,7 @@ impl Driver {
         }
         armed.pid = Some(pid);
         armed.perf_pid = Some(perf_pid);
-        armed.uprobes = self.probes.as_ref().map_or(0, |p| p.attached_for(trigger));
+        armed.uprobes = attached.unwrap_or(0);
         armed.perf_ready_ms = ms(ready_after);
         armed.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
         self.setup.reporter.armed(&armed);

@@ -51,6 +51,7 @@ mod perf_data;
 mod plan;
 mod probe;
 mod rawprobe;
+mod reaper;
 mod recorder;
 mod report;
 mod run;
@@ -61,6 +62,8 @@ mod symbols;
 mod symcache;
 mod target;
 mod unwind;
+mod uprobe_events;
+mod uprobe_switch;
 mod version;
 
 use std::{sync::Arc, time::Instant};

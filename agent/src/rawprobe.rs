@@ -13,7 +13,7 @@ use std::{
     ffi::CString,
     io,
     os::{
-        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
         unix::ffi::OsStrExt,
     },
     path::Path,
@@ -55,14 +55,51 @@ pub fn attach(
     cookie: u64,
 ) -> io::Result<RawLink> {
     let name = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let perf = perf_event_open(
+        uprobe_pmu_type()?,
+        u64::from(ret),
+        &name,
+        offset,
+        pid,
+        false,
+    )?;
+    Ok(RawLink {
+        _link: link(prog, perf.as_fd(), cookie)?,
+        _perf: perf,
+    })
+}
+
+/// Opens a perf event of the tracepoint with this `id` (a tracefs uprobe
+/// event's, `events/GROUP/NAME/id`) in process `pid` (-1: every process),
+/// created disabled: it samples nothing, and a program attached to the
+/// event runs anyway (`__uprobe_perf_func()` in kernel/trace/trace_uprobe.c
+/// runs the event's programs before looking at its samplers).
+pub fn open_tracepoint(id: u64, pid: i32) -> io::Result<OwnedFd> {
+    /// `PERF_TYPE_TRACEPOINT`.
+    const TRACEPOINT: u32 = 2;
+    perf_event_open(TRACEPOINT, id, c"", 0, pid, true)
+}
+
+/// `perf_event_open(2)` with a zeroed attr but for these fields.
+fn perf_event_open(
+    kind: u32,
+    config: u64,
+    config1: &std::ffi::CStr,
+    config2: u64,
+    pid: i32,
+    disabled: bool,
+) -> io::Result<OwnedFd> {
     // struct perf_event_attr, zeroed, as u64 words.
     let mut attr = [0u64; PERF_ATTR_SIZE / 8];
-    attr[0] = u64::from(uprobe_pmu_type()?) | ((PERF_ATTR_SIZE as u64) << 32); // type, size
-    attr[1] = u64::from(ret); // config
-    attr[7] = name.as_ptr() as u64; // config1: uprobe_path
-    attr[8] = offset; // config2: probe_offset
-    // SAFETY: a valid perf_event_attr of the size it states; `name` lives
-    // across the call.
+    attr[0] = u64::from(kind) | ((PERF_ATTR_SIZE as u64) << 32); // type, size
+    attr[1] = config;
+    attr[5] = u64::from(disabled); // flags: bit 0 `disabled`
+    if !config1.is_empty() {
+        attr[7] = config1.as_ptr() as u64; // config1: uprobe_path
+    }
+    attr[8] = config2; // config2: probe_offset
+    // SAFETY: a valid perf_event_attr of the size it states; `config1`
+    // lives across the call.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
@@ -80,7 +117,11 @@ pub fn attach(
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a new fd we own.
-    let perf = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attaches `prog` to the perf event `perf` with `cookie`: a BPF link.
+pub fn link(prog: BorrowedFd<'_>, perf: BorrowedFd<'_>, cookie: u64) -> io::Result<OwnedFd> {
     // union bpf_attr's link_create: prog_fd, target_fd, attach_type, flags,
     // perf_event.bpf_cookie.
     let mut link_attr = [0u64; 8];
@@ -99,9 +140,6 @@ pub fn attach(
     if link < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(RawLink {
-        // SAFETY: a new fd we own.
-        _link: unsafe { OwnedFd::from_raw_fd(link as i32) },
-        _perf: perf,
-    })
+    // SAFETY: a new fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(link as i32) })
 }

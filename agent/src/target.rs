@@ -117,6 +117,11 @@ pub fn is_alive(pid: i32) -> bool {
     stat(pid).is_ok_and(|s| s.state != 'Z' && s.state != 'X')
 }
 
+/// Whether `pid` is a kernel thread (no user memory).
+pub fn is_kernel_thread(pid: i32) -> bool {
+    stat(pid).is_ok_and(|s| s.flags & PF_KTHREAD != 0)
+}
+
 /// Reads one `Key:\tvalue` line of /proc/PID/status.
 pub fn status_field(pid: i32, key: &str) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -6,7 +6,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    os::fd::OwnedFd,
+    os::fd::{AsFd, OwnedFd},
     sync::Arc,
     time::Duration,
 };
@@ -17,11 +17,17 @@ use super::{Driver, Watch};
 use crate::{
     armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
-    disarm::{Action, Disarm, DisarmSummary, lead_ns, quantile, round_trip_ns},
+    disarm::{
+        Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, SWITCH_PRIOR_DETACH_NS, lead_ns, quantile,
+        round_trip_ns,
+    },
     error::Failure,
     output::Reporter,
-    probe::Returns,
+    probe::{AttachPlan, Probes, Returns},
+    reaper::{self, Reaper},
     run::EndReason,
+    uprobe_events::{self, Events},
+    uprobe_switch::{Spec, Switch},
 };
 
 /// Don't disarm for less than this: a detach and an attach cost more than
@@ -47,6 +53,25 @@ pub(super) struct Arming {
     detach_batch_ns: Vec<u64>,
     /// Each trigger's counters, for the recorders' index lines.
     pub(super) board: Arc<crate::disarm::Board>,
+    /// The run's tracefs uprobe events, if tracefs can be used.
+    events: Option<Arc<Events>>,
+    /// Deletes them if the agent dies before it can.
+    reaper: Option<Reaper>,
+    /// Triggers whose uprobes are a switch.
+    switched: HashSet<u32>,
+}
+
+/// A trigger's uprobes: (program, file offset, uretprobe).
+fn points(plan: &AttachPlan) -> Vec<(&'static str, u64, bool)> {
+    let mut points = vec![("mt_entry", plan.entry_offset, false)];
+    match &plan.returns {
+        None => {}
+        Some(Returns::RetInstructions(v)) => {
+            points.extend(v.iter().map(|o| ("mt_return", *o, false)));
+        }
+        Some(Returns::Uretprobe) => points.push(("mt_uretprobe", plan.entry_offset, true)),
+    }
+    points
 }
 
 fn us(v: Option<u64>) -> Option<f64> {
@@ -80,7 +105,10 @@ impl Arming {
             return;
         }
         match Armer::spawn(wake.clone()) {
-            Ok(a) => self.armer = Some(a),
+            Ok(a) => {
+                self.armer = Some(a);
+                self.start_events(reporter);
+            }
             Err(e) => {
                 reporter.warning(&format!(
                     "cannot start the arming thread ({e}): the probes stay in during cooldowns"
@@ -91,6 +119,88 @@ impl Arming {
                 }
             }
         }
+    }
+
+    /// Prepares the tracefs uprobe events and their reaper; without them
+    /// the triggers disarm through the uprobe PMU (slow detaches).
+    fn start_events(&mut self, reporter: &Reporter) {
+        let started = uprobe_events::tracefs().and_then(|dir| {
+            uprobe_events::remove_stale(&dir);
+            let events = Events::new(dir);
+            let reaper = reaper::spawn(&events.uprobe_events(), events.group())?;
+            Ok((events, reaper))
+        });
+        match started {
+            Ok((events, reaper)) => {
+                self.events = Some(Arc::new(events));
+                self.reaper = Some(reaper);
+            }
+            Err(e) => self.no_switch(reporter, &e.to_string()),
+        }
+    }
+
+    fn no_switch(&mut self, reporter: &Reporter, why: &str) {
+        if self.events.take().is_some() || self.reaper.is_none() {
+            reporter.warning(&format!(
+                "tracefs uprobe events cannot be used ({why}): probes are detached \
+                 through the uprobe PMU, which takes ~0.1 s, so short cooldowns keep \
+                 them in (docs/disarming.md)"
+            ));
+        }
+        self.reaper.take();
+    }
+
+    /// Makes a trigger's uprobes a switch, armed, if it disarms and tracefs
+    /// can be used: the number of uprobes, or None (attach with aya).
+    pub(super) fn switch(
+        &mut self,
+        plan: &AttachPlan,
+        probes: &Probes,
+        reporter: &Reporter,
+    ) -> Option<usize> {
+        let (Some(pid), Some(events)) = (plan.pid, self.events.clone()) else {
+            return None;
+        };
+        if !self.machines.contains_key(&plan.trigger) || self.armer.is_none() {
+            return None;
+        }
+        let pid = if plan.follow_forks { -1 } else { pid };
+        let mut fds = Vec::new();
+        for (name, offset, ret) in points(plan) {
+            fds.push((self.program(name, probes)?, offset, ret));
+        }
+        let specs: Vec<Spec> = fds
+            .iter()
+            .map(|(p, offset, ret)| Spec {
+                prog: p.as_fd(),
+                offset: *offset,
+                ret: *ret,
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        let made = Switch::new(events, &plan.path, pid, plan.trigger.into(), &specs)
+            .and_then(|mut s| s.arm().map(|()| s).map_err(|e| format!("arming: {e}")));
+        match made {
+            Ok(s) => {
+                self.attach_ns.push(t.elapsed().as_nanos() as u64);
+                let n = s.len();
+                self.armer.as_ref().expect("checked").adopt(plan.trigger, s);
+                self.switched.insert(plan.trigger);
+                Some(n)
+            }
+            Err(e) => {
+                self.no_switch(reporter, &e);
+                None
+            }
+        }
+    }
+
+    fn program(&mut self, name: &'static str, probes: &Probes) -> Option<Arc<OwnedFd>> {
+        if !self.programs.contains_key(name) {
+            self.programs
+                .insert(name, Arc::new(probes.program_fd(name)?));
+        }
+        Some(self.programs[name].clone())
     }
 
     /// Publishes a trigger's counters for the index.
@@ -147,7 +257,7 @@ impl Arming {
         }
         self.publish(trigger);
         if let Some(a) = &self.armer {
-            a.detach(trigger, Vec::new());
+            a.forget(trigger);
         }
     }
 
@@ -166,6 +276,12 @@ impl Arming {
                 }
             }
         }
+        // The arming thread deleted each switch's events; the group goes
+        // with the last, and the reaper has nothing left to do.
+        if let Some(e) = self.events.take() {
+            let _ = e.delete_all();
+        }
+        self.reaper.take();
     }
 }
 
@@ -178,9 +294,15 @@ impl Driver {
         }
         let now = Now::read().ns;
         let a = &self.arming;
+        let prior = if a.switched.contains(&trigger) {
+            SWITCH_PRIOR_DETACH_NS
+        } else {
+            PRIOR_DETACH_NS
+        };
         let gap = round_trip_ns(
             &a.detach_batch_ns[a.detach_batch_ns.len().saturating_sub(RECENT)..],
             &a.attach_ns[a.attach_ns.len().saturating_sub(RECENT)..],
+            prior,
         );
         let Some(m) = self.arming.machines.get_mut(&trigger) else {
             return;
@@ -255,21 +377,9 @@ impl Driver {
         let plan = t.plan.clone();
         // A trigger following forks has file-wide uprobes (-1: every process).
         let pid = if plan.follow_forks { -1 } else { pid };
-        let mut points = vec![("mt_entry", plan.entry_offset, false)];
-        match &plan.returns {
-            None => {}
-            Some(Returns::RetInstructions(v)) => {
-                points.extend(v.iter().map(|o| ("mt_return", *o, false)));
-            }
-            Some(Returns::Uretprobe) => points.push(("mt_uretprobe", plan.entry_offset, true)),
-        }
         let mut out = Vec::new();
-        for (name, offset, ret) in points {
-            if !self.arming.programs.contains_key(name) {
-                let fd = self.probes.as_ref()?.program_fd(name)?;
-                self.arming.programs.insert(name, Arc::new(fd));
-            }
-            let prog = self.arming.programs[name].clone();
+        for (name, offset, ret) in points(&plan) {
+            let prog = self.arming.program(name, self.probes.as_ref()?)?;
             out.push(Point { prog, offset, ret });
         }
         Some(ArmPlan {
