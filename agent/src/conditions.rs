@@ -200,6 +200,24 @@ pub struct Filters {
     pub cooldown: Duration,
 }
 
+/// The least time between two calls that `--max-rate` lets through, ns.
+pub fn rate_interval_ns(per_s: f64) -> u64 {
+    (1e9 / per_s).round().max(1.0) as u64
+}
+
+/// How long no call can be accepted after an accepted hit: the cooldown,
+/// or the `--max-rate` interval if longer (the hit took the rate's token
+/// too). None with no cooldown: `--cooldown 0` never disarms.
+pub fn closed_after_hit(f: &Filters) -> Option<Duration> {
+    if f.cooldown.is_zero() {
+        return None;
+    }
+    let rate = f.max_rate.map_or(Duration::ZERO, |r| {
+        Duration::from_nanos(rate_interval_ns(r))
+    });
+    Some(f.cooldown.max(rate))
+}
+
 /// Builds the kernel's table for one trigger. `go_abi` selects Go's
 /// register ABI for arguments.
 ///
@@ -234,7 +252,7 @@ pub fn trigger_config(f: &Filters, go_abi: bool) -> Result<TriggerConfig, Failur
     }
     cfg.every = f.every.unwrap_or(0);
     if let Some(r) = f.max_rate {
-        cfg.rate_interval_ns = (1e9 / r).round().max(1.0) as u64;
+        cfg.rate_interval_ns = rate_interval_ns(r);
     }
     cfg.cooldown_ns = f.cooldown.as_nanos() as u64;
     cfg.tick_ns = kernel_tick_ns();
@@ -344,5 +362,19 @@ mod tests {
             ..Filters::default()
         };
         assert!(trigger_config(&too_many, false).is_err());
+    }
+
+    #[test]
+    fn no_call_is_accepted_for_the_longer_of_the_cooldown_and_the_rate_interval() {
+        let ms = Duration::from_millis;
+        let f = |cooldown, max_rate| Filters {
+            cooldown,
+            max_rate,
+            ..Filters::default()
+        };
+        assert_eq!(closed_after_hit(&f(ms(100), None)), Some(ms(100)));
+        assert_eq!(closed_after_hit(&f(ms(100), Some(2.0))), Some(ms(500)));
+        assert_eq!(closed_after_hit(&f(ms(100), Some(50.0))), Some(ms(100)));
+        assert_eq!(closed_after_hit(&f(ms(0), Some(2.0))), None);
     }
 }

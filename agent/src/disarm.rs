@@ -17,6 +17,10 @@ use serde::Serialize;
 /// Disarming over a run, for the summary (JSON field `disarm`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DisarmSummary {
+    /// How the probes are taken out and put back: `uprobe_events` (tracefs
+    /// uprobe events, milliseconds) or `uprobe_pmu` (aya's links, ~0.1 s
+    /// per detach); None when no trigger disarms.
+    pub probes: Option<&'static str>,
     /// Disarm cycles, over triggers.
     pub cycles: u64,
     /// Accepted hits after which the probes stayed in (the cooldown was

@@ -79,8 +79,9 @@ pub struct TriggerSetup {
     pub out: PathBuf,
     /// For the `armed` event.
     pub armed: Armed,
-    /// Detach the probes during this cooldown after each accepted hit
-    /// (`--pid` with a cooldown, without `--always-armed`).
+    /// Detach the probes for this long after each accepted hit: the
+    /// cooldown, or the `--max-rate` interval if longer (`--pid` with a
+    /// cooldown, without `--always-armed`).
     pub disarm: Option<Duration>,
     /// The off-CPU breakdown (`--off-cpu`): the window before a hit
     /// without a duration.

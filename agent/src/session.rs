@@ -390,8 +390,8 @@ fn trigger_setups(
             out,
             // One probe serves every process of an --exe, each with its own
             // cooldown: detaching it would miss the others' hits.
-            disarm: (pid.is_some() && !t.always_armed && !t.filters.cooldown.is_zero())
-                .then_some(t.filters.cooldown),
+            disarm: crate::conditions::closed_after_hit(&t.filters)
+                .filter(|_| pid.is_some() && !t.always_armed),
             off_cpu: t.off_cpu,
             watch: r.watch,
         });

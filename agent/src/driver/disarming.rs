@@ -229,6 +229,13 @@ impl Arming {
     /// The run's totals at `now_ns`.
     pub(super) fn summary(&self, now_ns: u64) -> DisarmSummary {
         let mut s = DisarmSummary::default();
+        if !self.machines.is_empty() {
+            s.probes = Some(if self.switched.is_empty() {
+                "uprobe_pmu"
+            } else {
+                "uprobe_events"
+            });
+        }
         let mut late = Vec::new();
         for m in self.machines.values() {
             let st = m.stats_at(now_ns);
