@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick]`: builds in release mode and runs the bench
+//! `cargo xtask bench [--quick] [--only PART]`: builds in release mode and runs the bench
 //! harness (`tests/src/bin/bench.rs`) as root. It prints Markdown tables and
 //! writes every raw figure to `target/bench/latest.json`. The report part's
 //! anchor needs inferno's binaries: installed here when missing.
@@ -8,7 +8,7 @@ use crate::{
     util::{cargo, privileged, run, target_dir},
 };
 
-pub fn bench(quick: bool) -> anyhow::Result<()> {
+pub fn bench(quick: bool, only: Option<&str>) -> anyhow::Result<()> {
     setup(true)?;
     run(cargo().args([
         "build",
@@ -33,6 +33,9 @@ pub fn bench(quick: bool) -> anyhow::Result<()> {
     cmd.arg("--out").arg(&out);
     if quick {
         cmd.arg("--quick");
+    }
+    if let Some(part) = only {
+        cmd.arg("--only").arg(part);
     }
     run(&mut cmd)
 }

@@ -4,7 +4,7 @@
 //! * `demo`: the main job on a bundled demo workload.
 //! * `test [FILTER]`: setup, then every test (end-to-end ones one at a time).
 //! * `dist`: the static musl release tarball, reproducibly.
-//! * `bench [--quick]`: overhead, latency, storm and time to armed, as tables.
+//! * `bench [--quick] [--only PART]`: overhead, latency, storm and time to armed, as tables.
 //! * `fuzz [--seconds N] [--seed S]`: malformed ELF files and names, for N seconds.
 
 mod bench;
@@ -40,6 +40,10 @@ enum Task {
         /// A short run (under a minute) that exercises every part.
         #[arg(long)]
         quick: bool,
+        /// Run one part: overhead, latency, storm, armed, waiting, stacks,
+        /// report or switch.
+        #[arg(long, value_name = "PART")]
+        only: Option<String>,
     },
     /// Build the release tarball: static musl binary, systemd unit, DaemonSet.
     Dist {
@@ -84,7 +88,7 @@ fn main() -> std::process::ExitCode {
             skip_release,
             filter,
         } => test::test(&filter, no_setup, skip_release),
-        Task::Bench { quick } => bench::bench(quick),
+        Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Fuzz { seconds, seed } => fuzz::fuzz(seconds, seed),
         Task::Dist { target_dir, out } => {
             dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())

@@ -154,7 +154,7 @@ fn main() {
         Value::Array(Vec::new())
     };
     let storm = if part("storm") {
-        storm(&plan)
+        storm(&plan, &object)
     } else {
         Value::Array(Vec::new())
     };
@@ -836,7 +836,7 @@ fn latency(plan: &Plan) -> Value {
     )
 }
 
-fn storm_run(plan: &Plan, setup: &str) -> Value {
+fn storm_run(plan: &Plan, object: &Path, setup: &str) -> Value {
     let bin = target_path("target_bench");
     let func = "trigger_nop5";
     let mut t = Target::start(&bin, &["storm", &plan.storm_s.to_string(), "nop5"]);
@@ -846,8 +846,15 @@ fn storm_run(plan: &Plan, setup: &str) -> Value {
     let mut agent = None;
     let mut perf = None;
     let mut _probe = None;
+    let mut _floor = None;
     match setup {
         "none" => {}
+        // The least any uprobe costs: perf as the agent runs it, and a
+        // program that only returns, always in.
+        "floor" => {
+            perf = Some(PerfProc::start(&record_args(t.pid(), out_dir.path())));
+            _floor = Some(Floor::attach(object, t.pid(), &bin, func));
+        }
         "mt-agent always-armed" | "mt-agent disarming 100ms" | "mt-agent disarming 200ms" => {
             let cooldown = if setup.ends_with("200ms") {
                 "200ms"
@@ -1022,17 +1029,18 @@ fn dir_bytes(d: &Path) -> u64 {
         .sum()
 }
 
-fn storm(plan: &Plan) -> Value {
+fn storm(plan: &Plan, object: &Path) -> Value {
     Value::Array(
         [
             "none",
+            "floor",
             "mt-agent always-armed",
             "mt-agent disarming 100ms",
             "mt-agent disarming 200ms",
             "perf-event",
         ]
         .iter()
-        .map(|s| storm_run(plan, s))
+        .map(|s| storm_run(plan, object, s))
         .collect(),
     )
 }
