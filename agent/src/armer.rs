@@ -31,7 +31,7 @@ use nix::sys::eventfd::EventFd;
 
 use crate::{
     rawprobe::{self, RawLink},
-    uprobe_switch::Switch,
+    uprobe_switch::{Plan as SwitchPlan, Switch},
 };
 
 /// One uprobe to attach.
@@ -57,8 +57,8 @@ enum Work {
     Detach(u32, Vec<UProbeLink>),
     /// Attach the trigger again (or arm its switch).
     Attach(ArmPlan),
-    /// Keep this switch of the trigger's.
-    Adopt(u32, Switch),
+    /// Make a trigger's switch, arm it and keep it.
+    SetUp(SwitchPlan),
     /// The trigger is done: drop what the thread holds of it.
     Forget(u32),
 }
@@ -90,9 +90,14 @@ impl Held {
                 Some(s) => arm(plan.trigger, s),
                 None => attach(plan, &mut self.own),
             },
-            Work::Adopt(trigger, s) => {
-                self.switches.insert(trigger, s);
-                return None;
+            Work::SetUp(plan) => {
+                let trigger = plan.trigger;
+                let result = plan.build().map(|s| {
+                    let n = s.len();
+                    self.switches.insert(trigger, s);
+                    n
+                });
+                Done::SetUp { trigger, result }
             }
             Work::Forget(trigger) => {
                 let links = self.own.remove(&trigger).unwrap_or_default();
@@ -111,6 +116,12 @@ impl Held {
 /// What the thread did.
 #[derive(Debug)]
 pub enum Done {
+    /// A trigger's switch was made and armed: its number of uprobes, or
+    /// why not.
+    SetUp {
+        trigger: u32,
+        result: Result<usize, String>,
+    },
     /// A trigger's links were detached; time per uprobe, ns.
     Detached { trigger: u32, per_link_ns: Vec<u64> },
     /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
@@ -161,10 +172,10 @@ impl Armer {
         }
     }
 
-    /// Hands a trigger's switch to the thread. Never blocks.
-    pub fn adopt(&self, trigger: u32, switch: Switch) {
+    /// Makes, arms and keeps a trigger's switch. Never blocks.
+    pub fn set_up(&self, plan: SwitchPlan) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Work::Adopt(trigger, switch));
+            let _ = tx.send(Work::SetUp(plan));
         }
     }
 

@@ -253,6 +253,9 @@ pub fn round_trip_ns(detaches: &[u64], attaches: &[u64], prior_detach_ns: u64) -
     median(detaches).unwrap_or(prior_detach_ns) + median(attaches).unwrap_or(PRIOR_ATTACH_NS)
 }
 
+/// How many recent attach (or detach) times the estimates use.
+pub const RECENT: usize = 8;
+
 /// The quantile of the recent attach times that sets the lead. An attach
 /// that takes longer than the lead is late by the difference (calls the
 /// cooldown would let through are not seen meanwhile); one that takes less
@@ -263,10 +266,15 @@ pub fn round_trip_ns(detaches: &[u64], attaches: &[u64], prior_detach_ns: u64) -
 pub const LEAD_QUANTILE: f64 = 0.75;
 
 /// How early to ask for an attach: the [`LEAD_QUANTILE`] of the recent
-/// attaches (`recent`, ns), at most half the cooldown; 0 before the first.
+/// attaches (`recent`, ns; [`PRIOR_ATTACH_NS`] counts as one of them until
+/// [`RECENT`] are measured), at most half the cooldown.
 pub fn lead_ns(recent: &[u64], cooldown_ns: u64) -> u64 {
-    quantile(recent, LEAD_QUANTILE)
-        .unwrap_or(0)
+    let mut v = recent.to_vec();
+    if v.len() < RECENT {
+        v.push(PRIOR_ATTACH_NS);
+    }
+    quantile(&v, LEAD_QUANTILE)
+        .unwrap_or(PRIOR_ATTACH_NS)
         .min(cooldown_ns / 2)
 }
 
@@ -387,11 +395,14 @@ mod tests {
 
     #[test]
     fn the_lead_is_the_upper_quartile_of_recent_attaches_within_half_the_cooldown() {
-        assert_eq!(lead_ns(&[], 100 * MS), 0);
+        // Until 8 are measured, the prior is one of them.
+        assert_eq!(lead_ns(&[], 100 * MS), PRIOR_ATTACH_NS);
+        assert_eq!(lead_ns(&[3 * MS], 100 * MS), PRIOR_ATTACH_NS);
         assert_eq!(lead_ns(&[3 * MS, 12 * MS, 5 * MS], 100 * MS), 12 * MS);
-        let eight = [9, 3, 4, 20, 5, 7, 6, 8].map(|v| v * MS);
+        let eight = [9, 3, 4, 40, 5, 7, 6, 8].map(|v| v * MS);
         assert_eq!(lead_ns(&eight, 100 * MS), 8 * MS);
         assert_eq!(lead_ns(&[80 * MS], 100 * MS), 50 * MS);
+        assert_eq!(lead_ns(&[], 30 * MS), 15 * MS);
     }
 
     #[test]

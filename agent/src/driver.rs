@@ -713,7 +713,7 @@ impl Driver {
         let Some(r) = self.slots[slot].as_ref() else {
             return;
         };
-        let (trigger, pid, perf_pid) = (r.trigger, r.tgid, r.perf_pid());
+        let (trigger, pid) = (r.trigger, r.tgid);
         let dir = r.dir.clone();
         if self.stopping.is_some() {
             return;
@@ -725,34 +725,48 @@ impl Driver {
                 .target(pid, trigger, "started", &dir, None);
             return;
         }
-        let plan = t.plan.clone();
-        let mut armed = t.armed.clone();
-        let switched = self
-            .probes
-            .as_ref()
-            .and_then(|p| self.arming.switch(&plan, p, &self.setup.reporter));
-        let attached = match switched {
-            Some(n) => Ok(n),
-            None => self
-                .attach(&plan)
-                .map(|()| self.probes.as_ref().map_or(0, |p| p.attached_for(trigger))),
+        if !self.set_up_switch(slot, pid, ready_after) {
+            self.attach_and_report(slot, ready_after);
+        }
+    }
+
+    /// Attaches a `--pid` trigger's probes with aya, and reports it armed.
+    fn attach_and_report(&mut self, slot: usize, ready_after: Duration) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
         };
-        if let Err(f) = attached {
-            self.detach_trigger(trigger);
-            if let Some(r) = self.slots[slot].as_mut() {
-                if target::is_alive(pid) {
-                    r.fail(f, Now::read());
-                } else {
-                    // The target exited while perf started (attach fails
-                    // with ESRCH): a normal end, not a failure.
-                    r.stop(EndReason::TargetExited, Now::read());
+        let (trigger, pid) = (r.trigger, r.tgid);
+        let plan = self.trigger(trigger).plan.clone();
+        let attached = self
+            .attach(&plan)
+            .map(|()| self.probes.as_ref().map_or(0, |p| p.attached_for(trigger)));
+        match attached {
+            Ok(n) => self.report_armed(slot, ready_after, n),
+            Err(f) => {
+                self.detach_trigger(trigger);
+                if let Some(r) = self.slots[slot].as_mut() {
+                    if target::is_alive(pid) {
+                        r.fail(f, Now::read());
+                    } else {
+                        // The target exited while perf started (attach fails
+                        // with ESRCH): a normal end, not a failure.
+                        r.stop(EndReason::TargetExited, Now::read());
+                    }
                 }
             }
-            return;
         }
+    }
+
+    /// A `--pid` trigger's `uprobes` are in: the `armed` event.
+    fn report_armed(&mut self, slot: usize, ready_after: Duration, uprobes: usize) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let (trigger, pid, perf_pid) = (r.trigger, r.tgid, r.perf_pid());
+        let mut armed = self.trigger(trigger).armed.clone();
         armed.pid = Some(pid);
         armed.perf_pid = Some(perf_pid);
-        armed.uprobes = attached.unwrap_or(0);
+        armed.uprobes = uprobes;
         armed.perf_ready_ms = ms(ready_after);
         armed.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
         self.setup.reporter.armed(&armed);

@@ -16,7 +16,7 @@
 
 use std::{
     os::fd::{AsFd, BorrowedFd, OwnedFd},
-    path::Path,
+    path::{Path, PathBuf},
     sync::Arc,
     time::Instant,
 };
@@ -48,6 +48,36 @@ pub struct Spec<'a> {
     pub prog: BorrowedFd<'a>,
     pub offset: u64,
     pub ret: bool,
+}
+
+/// A trigger's switch to make (on the arming thread).
+pub struct Plan {
+    pub events: Arc<Events>,
+    pub trigger: u32,
+    pub path: PathBuf,
+    /// The target, or -1 for every process (a trigger following forks).
+    pub pid: i32,
+    /// (program, file offset, uretprobe).
+    pub points: Vec<(Arc<OwnedFd>, u64, bool)>,
+}
+
+impl Plan {
+    /// Makes the switch and arms it.
+    pub fn build(self) -> Result<Switch, String> {
+        let specs: Vec<Spec> = self
+            .points
+            .iter()
+            .map(|(prog, offset, ret)| Spec {
+                prog: prog.as_fd(),
+                offset: *offset,
+                ret: *ret,
+            })
+            .collect();
+        let cookie = u64::from(self.trigger);
+        let mut s = Switch::new(self.events.clone(), &self.path, self.pid, cookie, &specs)?;
+        s.arm().map_err(|e| format!("arming: {e}"))?;
+        Ok(s)
+    }
 }
 
 impl Switch {

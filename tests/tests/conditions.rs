@@ -48,7 +48,17 @@ fn assert_counts_add_up(run: &Run) {
 #[test]
 fn when_arg0_equals_42() {
     let mut t = Target::start(&target_path("target"), &["calls", "1000", "1"]);
-    let run = capture(&mut t, &["--symbol", "trigger", "--when", "arg0 == 42"]);
+    // --always-armed: every call is seen (no disarming after the hit).
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "trigger",
+            "--when",
+            "arg0 == 42",
+            "--always-armed",
+        ],
+    );
     let hits = run.entries("hit");
     assert_eq!(hits.len(), 1, "{}", run.output());
     assert_eq!(hits[0]["hits"][0]["args"][0], 42);
@@ -176,7 +186,15 @@ fn only_the_chosen_thread() {
     let chosen = tids[2].clone();
     let pid = t.pid().to_string();
     let mut agent = Agent::start(&[
-        "--pid", &pid, "--json", "--symbol", "trigger", "--tid", &chosen,
+        "--pid",
+        &pid,
+        "--json",
+        "--symbol",
+        "trigger",
+        "--tid",
+        &chosen,
+        // Every thread's calls are seen: the probe stays in after a hit.
+        "--always-armed",
     ]);
     agent.wait_armed();
     // The threads have printed their tids and wait for this second go.

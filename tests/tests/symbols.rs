@@ -545,7 +545,17 @@ fn an_ifunc_is_probed_at_the_implementation_the_process_uses() {
     // memcpy@@GLIBC_2.14 is an IFUNC; memcpy@GLIBC_2.2.5 a compatibility
     // function that programs built today never call.
     let mut t = Target::start(&target_path("ifunc"), &["bound", "20", "10"]);
-    let run = capture(&mut t, &["--symbol", "memcpy", "--object", "libc.so.6"]);
+    // --always-armed: every call is seen (no disarming after a hit).
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "memcpy",
+            "--object",
+            "libc.so.6",
+            "--always-armed",
+        ],
+    );
     let s = run.summary().unwrap();
     let seen = s["counters"]["seen"].as_u64().unwrap();
     assert!(seen >= 20, "20 memcpy calls, {seen} seen\n{}", run.output());
@@ -661,7 +671,17 @@ fn a_process_younger_than_a_second_gets_time_for_its_loader() {
     let lib = target_path("libtrig.so").display().to_string();
     let mut t = Target::start(&target_path("dlopener"), &["late", &lib, "500", "5"]);
     let pid = t.pid().to_string();
-    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "lib_trigger", "-v"]);
+    // The 5 calls come 100 ms apart, the default cooldown: a re-arm late by
+    // a millisecond would lose one (docs/disarming.md), and this test is
+    // about the loader, so the probe stays in.
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "lib_trigger",
+        "-v",
+        "--always-armed",
+    ]);
     agent.wait_armed();
     t.go();
     let run = agent.finish(FINISH);

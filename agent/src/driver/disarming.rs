@@ -6,7 +6,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    os::fd::{AsFd, OwnedFd},
+    os::fd::OwnedFd,
     sync::Arc,
     time::Duration,
 };
@@ -18,8 +18,8 @@ use crate::{
     armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
     disarm::{
-        Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, SWITCH_PRIOR_DETACH_NS, lead_ns, quantile,
-        round_trip_ns,
+        Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS, lead_ns,
+        quantile, round_trip_ns,
     },
     error::Failure,
     output::Reporter,
@@ -27,14 +27,12 @@ use crate::{
     reaper::{self, Reaper},
     run::EndReason,
     uprobe_events::{self, Events},
-    uprobe_switch::{Spec, Switch},
+    uprobe_switch::Plan as SwitchPlan,
 };
 
 /// Don't disarm for less than this: a detach and an attach cost more than
 /// the traps of a few milliseconds saved (docs/disarming.md).
 const MIN_GAP_NS: u64 = 5_000_000;
-/// How many recent attach times set the lead.
-const RECENT: usize = 8;
 
 /// The disarm state of a run's triggers.
 #[derive(Default)]
@@ -59,10 +57,15 @@ pub(super) struct Arming {
     reaper: Option<Reaper>,
     /// Triggers whose uprobes are a switch.
     switched: HashSet<u32>,
+    /// Triggers whose switch the arming thread is making: the recorder's
+    /// slot, its target and how long its perf took to be ready.
+    pending: HashMap<u32, (usize, i32, Duration)>,
+    /// The fall-back to the slow way was reported.
+    warned: bool,
 }
 
 /// A trigger's uprobes: (program, file offset, uretprobe).
-fn points(plan: &AttachPlan) -> Vec<(&'static str, u64, bool)> {
+fn points_of(plan: &AttachPlan) -> Vec<(&'static str, u64, bool)> {
     let mut points = vec![("mt_entry", plan.entry_offset, false)];
     match &plan.returns {
         None => {}
@@ -139,66 +142,37 @@ impl Arming {
         }
     }
 
+    /// A trigger disarms the slow way (or none can): warns once a run.
     fn no_switch(&mut self, reporter: &Reporter, why: &str) {
-        if self.events.take().is_some() || self.reaper.is_none() {
+        if !std::mem::replace(&mut self.warned, true) {
             reporter.warning(&format!(
                 "tracefs uprobe events cannot be used ({why}): probes are detached \
                  through the uprobe PMU, which takes ~0.1 s, so short cooldowns keep \
                  them in (docs/disarming.md)"
             ));
         }
-        self.reaper.take();
     }
 
-    /// Makes a trigger's uprobes a switch, armed, if it disarms and tracefs
-    /// can be used: the number of uprobes, or None (attach with aya).
-    pub(super) fn switch(
-        &mut self,
-        plan: &AttachPlan,
-        probes: &Probes,
-        reporter: &Reporter,
-    ) -> Option<usize> {
+    /// What the arming thread needs to make a trigger's uprobes a switch,
+    /// if it disarms and tracefs can be used; None: attach with aya.
+    fn switch_plan(&mut self, plan: &AttachPlan, probes: &Probes) -> Option<SwitchPlan> {
         let (Some(pid), Some(events)) = (plan.pid, self.events.clone()) else {
             return None;
         };
         if !self.machines.contains_key(&plan.trigger) || self.armer.is_none() {
             return None;
         }
-        let pid = if plan.follow_forks { -1 } else { pid };
-        let mut fds = Vec::new();
-        for (name, offset, ret) in points(plan) {
-            fds.push((self.program(name, probes)?, offset, ret));
+        let mut points = Vec::new();
+        for (name, offset, ret) in points_of(plan) {
+            points.push((self.program(name, probes)?, offset, ret));
         }
-        let specs: Vec<Spec> = fds
-            .iter()
-            .map(|(p, offset, ret)| Spec {
-                prog: p.as_fd(),
-                offset: *offset,
-                ret: *ret,
-            })
-            .collect();
-        // The arm's time only (not the keepers'): it sets the re-arms' lead.
-        let mut armed_in = 0;
-        let made =
-            Switch::new(events, &plan.path, pid, plan.trigger.into(), &specs).and_then(|mut s| {
-                let t = std::time::Instant::now();
-                s.arm().map_err(|e| format!("arming: {e}"))?;
-                armed_in = t.elapsed().as_nanos() as u64;
-                Ok(s)
-            });
-        match made {
-            Ok(s) => {
-                self.attach_ns.push(armed_in);
-                let n = s.len();
-                self.armer.as_ref().expect("checked").adopt(plan.trigger, s);
-                self.switched.insert(plan.trigger);
-                Some(n)
-            }
-            Err(e) => {
-                self.no_switch(reporter, &e);
-                None
-            }
-        }
+        Some(SwitchPlan {
+            events,
+            trigger: plan.trigger,
+            path: plan.path.clone(),
+            pid: if plan.follow_forks { -1 } else { pid },
+            points,
+        })
     }
 
     fn program(&mut self, name: &'static str, probes: &Probes) -> Option<Arc<OwnedFd>> {
@@ -299,6 +273,62 @@ impl Arming {
 }
 
 impl Driver {
+    /// Has the arming thread make a `--pid` trigger's uprobes a switch and
+    /// arm it, if it can; `armed` is reported when it is done
+    /// ([`Self::switched_in`]). False: attach with aya.
+    pub(super) fn set_up_switch(&mut self, slot: usize, pid: i32, ready_after: Duration) -> bool {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return false;
+        };
+        let trigger = r.trigger;
+        let plan = self.trigger(trigger).plan.clone();
+        let Some(sp) = self
+            .probes
+            .as_ref()
+            .and_then(|p| self.arming.switch_plan(&plan, p))
+        else {
+            return false;
+        };
+        self.arming
+            .pending
+            .insert(trigger, (slot, pid, ready_after));
+        self.arming.armer.as_ref().expect("checked").set_up(sp);
+        true
+    }
+
+    /// The arming thread made (or failed to make) a trigger's switch.
+    fn switched_in(&mut self, trigger: u32, result: Result<usize, String>) {
+        let Some((slot, pid, ready_after)) = self.arming.pending.remove(&trigger) else {
+            return;
+        };
+        let live = self.stopping.is_none()
+            && !self.arming.gone.contains(&trigger)
+            && self.slots[slot]
+                .as_ref()
+                .is_some_and(|r| r.trigger == trigger && r.tgid == pid && r.recording());
+        match result {
+            // The first arm follows the keepers' registration, which leaves
+            // the kernel's grace period just passed: faster than a re-arm,
+            // so it does not count among the attach times.
+            Ok(n) if live => {
+                self.arming.switched.insert(trigger);
+                self.report_armed(slot, ready_after, n);
+            }
+            // The recording ended meanwhile: the thread drops the switch.
+            Ok(_) => {
+                if let Some(a) = &self.arming.armer {
+                    a.forget(trigger);
+                }
+            }
+            Err(e) => {
+                self.arming.no_switch(&self.setup.reporter, &e);
+                if live {
+                    self.attach_and_report(slot, ready_after);
+                }
+            }
+        }
+    }
+
     /// After an accepted hit's `kill(perf)`: disarm its trigger if it
     /// can't accept a call before its cooldown ends.
     pub(super) fn disarm_after_hit(&mut self, trigger: u32, ktime_ns: u64) {
@@ -391,7 +421,7 @@ impl Driver {
         // A trigger following forks has file-wide uprobes (-1: every process).
         let pid = if plan.follow_forks { -1 } else { pid };
         let mut out = Vec::new();
-        for (name, offset, ret) in points(&plan) {
+        for (name, offset, ret) in points_of(&plan) {
             let prog = self.arming.program(name, self.probes.as_ref()?)?;
             out.push(Point { prog, offset, ret });
         }
@@ -410,6 +440,7 @@ impl Driver {
         };
         for d in done {
             match d {
+                Done::SetUp { trigger, result } => self.switched_in(trigger, result),
                 Done::Detached {
                     trigger,
                     per_link_ns,
