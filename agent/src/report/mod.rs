@@ -17,6 +17,7 @@
 //! written, those marked); 3 perf is missing; 4 the report cannot be
 //! written.
 
+mod embed;
 mod html;
 mod model;
 mod moments;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use inferno::flamegraph::color::{BasicPalette, Palette};
 
 use super::{
-    html::{embed, esc, options},
+    embed::{embed, esc, options},
     model::HitReport,
     offcpu::{self, OffCpu},
 };
