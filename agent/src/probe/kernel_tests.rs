@@ -660,3 +660,65 @@ fn following_forks_counts_the_followed_process_and_its_children_only() {
     assert!(!probes.is_followed(child));
     assert!(probes.is_followed(me));
 }
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() {
+    use crate::{
+        uprobe_events::{self, Events},
+        uprobe_switch::Plan,
+    };
+    let _one = serial();
+    // Two triggers, so the program reads the attach cookie; trigger 1's
+    // uprobe is a switch, not an aya link.
+    let mut t = Traced::new(
+        &[
+            (mt_kernel_test_first, Filters::default()),
+            (mt_kernel_test_second, Filters::default()),
+        ],
+        DEFAULT_RING_BYTES,
+        false,
+    );
+    drop(t.probes.take_trigger_links(1));
+    let events = std::sync::Arc::new(Events::new(
+        uprobe_events::tracefs().expect("tracefs ({ROOT})"),
+    ));
+    let (path, offset) = location(mt_kernel_test_second);
+    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
+    let code = mt_kernel_test_second as Probed as usize as *const u8;
+    // SAFETY: the first byte of a function of this process, mapped and
+    // readable; read volatile, since the kernel rewrites the page.
+    let byte = || unsafe { std::ptr::read_volatile(code) };
+    let original = byte();
+    let mut switch = Plan {
+        events: events.clone(),
+        trigger: 1,
+        path,
+        pid: std::process::id() as i32,
+        points: vec![(std::sync::Arc::new(prog), offset, false)],
+    }
+    .build()
+    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    assert_eq!(switch.len(), 1);
+    assert_eq!(byte(), 0xcc, "armed: an int3 at the function");
+    call(mt_kernel_test_second, 1, 0, 0);
+    switch.disarm();
+    assert_eq!(byte(), original, "disarmed: the function's own byte");
+    call(mt_kernel_test_second, 2, 0, 0);
+    switch.arm().unwrap_or_else(|e| panic!("arm: {e}"));
+    assert_eq!(byte(), 0xcc, "armed again");
+    call(mt_kernel_test_second, 3, 0, 0);
+    let listing = || std::fs::read_to_string(events.uprobe_events()).expect("read uprobe_events");
+    assert!(listing().contains(&format!("{}/", events.group())));
+    drop(switch);
+    assert_eq!(byte(), original, "dropped");
+    assert!(
+        !listing().contains(&format!("{}/", events.group())),
+        "the switch's event is deleted: {}",
+        listing()
+    );
+    let c = t.counts(1);
+    assert_eq!((c.seen, c.accepted), (2, 2), "{c:?}");
+    let args: Vec<u64> = t.hits().iter().map(|h| h.args[0]).collect();
+    assert_eq!(args, vec![1, 3]);
+}
