@@ -4,7 +4,8 @@
 //! magic-trace's mechanism (a hardware breakpoint), on the same target in
 //! one run. Prints Markdown tables and writes every raw figure as JSON.
 //!
-//! `bench [--quick] [--out FILE] [--only PART]`. Needs root. MT_AGENT_BIN names the agent.
+//! `bench [--quick] [--out FILE] [--only PART] [--kinds push,nop5,step]
+//! [--setups floor,mt-agent,...]`. Needs root. MT_AGENT_BIN names the agent.
 
 use std::{
     fs,
@@ -41,6 +42,38 @@ struct Plan {
     armed_runs: usize,
     /// Seconds a busy target runs with no hit, per recording mode.
     wait_s: u64,
+}
+
+/// Which rows and columns of the overhead part to run (`--kinds`,
+/// `--setups`, comma-separated; all when absent). "none" always runs: the
+/// overhead is counted above it.
+#[derive(Clone, Default)]
+struct Select {
+    kinds: Option<Vec<String>>,
+    setups: Option<Vec<String>>,
+}
+
+impl Select {
+    fn from_args(args: &[String]) -> Select {
+        let list = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .map(|v| v.split(',').map(str::to_string).collect::<Vec<_>>())
+        };
+        Select {
+            kinds: list("--kinds"),
+            setups: list("--setups"),
+        }
+    }
+
+    fn kind(&self, short: &str) -> bool {
+        self.kinds.as_ref().is_none_or(|k| k.iter().any(|x| x == short))
+    }
+
+    fn setup(&self, setup: &str) -> bool {
+        setup == "none" || self.setups.as_ref().is_none_or(|s| s.iter().any(|x| x == setup))
+    }
 }
 
 impl Plan {
@@ -144,7 +177,7 @@ fn main() {
         .cloned();
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let overhead = if part("overhead") {
-        overhead(&plan, &object)
+        overhead(&plan, &object, &Select::from_args(&args))
     } else {
         Value::Array(Vec::new())
     };
@@ -634,12 +667,18 @@ fn bench_run(
     (ns, hits, prog_ns)
 }
 
-fn overhead(plan: &Plan, object: &Path) -> Value {
+fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
     let mut rows = Vec::new();
     for (short, func, what) in FUNCS {
+        if !select.kind(short) {
+            continue;
+        }
         let mut row = json!({"function": func, "first_instruction": what});
         let mut none = f64::NAN;
         for setup in SETUPS {
+            if !select.setup(setup) {
+                continue;
+            }
             // --quick times the condition setups on the first kind only.
             if plan.quick && setup.starts_with("mt-agent ") && short != FUNCS[0].0 {
                 continue;
