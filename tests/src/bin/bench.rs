@@ -68,11 +68,17 @@ impl Select {
     }
 
     fn kind(&self, short: &str) -> bool {
-        self.kinds.as_ref().is_none_or(|k| k.iter().any(|x| x == short))
+        self.kinds
+            .as_ref()
+            .is_none_or(|k| k.iter().any(|x| x == short))
     }
 
     fn setup(&self, setup: &str) -> bool {
-        setup == "none" || self.setups.as_ref().is_none_or(|s| s.iter().any(|x| x == setup))
+        setup == "none"
+            || self
+                .setups
+                .as_ref()
+                .is_none_or(|s| s.iter().any(|x| x == setup))
     }
 }
 
