@@ -675,22 +675,37 @@ fn bench_run(
 
 fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
     let mut rows = Vec::new();
+    // One repetition per run, and the setups in turn, round after round: a
+    // change of the machine's speed during the part (another VM on the host,
+    // another job here) falls on every setup alike, and so does where one
+    // process happens to run. The figure of a setup is its median over the
+    // rounds.
+    let one = Plan { reps: 1, ..*plan };
     for (short, func, what) in FUNCS {
         if !select.kind(short) {
             continue;
         }
         let mut row = json!({"function": func, "first_instruction": what});
+        // --quick times the condition setups on the first kind only.
+        let setups: Vec<&str> = SETUPS
+            .into_iter()
+            .filter(|s| select.setup(s))
+            .filter(|s| !(plan.quick && s.starts_with("mt-agent ") && short != FUNCS[0].0))
+            .collect();
+        let mut ns: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+        let mut hits: Vec<Option<u64>> = vec![None; setups.len()];
+        for _ in 0..plan.reps {
+            for (i, setup) in setups.iter().enumerate() {
+                let (v, h, _) = bench_run(&one, object, short, func, setup, false);
+                ns[i].extend(v);
+                if let Some(h) = h {
+                    hits[i] = Some(hits[i].unwrap_or(0) + h);
+                }
+            }
+        }
         let mut none = f64::NAN;
-        for setup in SETUPS {
-            if !select.setup(setup) {
-                continue;
-            }
-            // --quick times the condition setups on the first kind only.
-            if plan.quick && setup.starts_with("mt-agent ") && short != FUNCS[0].0 {
-                continue;
-            }
-            let (ns, hits, _) = bench_run(plan, object, short, func, setup, false);
-            let prog_ns = if setup == "floor" || setup == "mt-agent" {
+        for (i, setup) in setups.iter().enumerate() {
+            let prog_ns = if *setup == "floor" || *setup == "mt-agent" {
                 let quick = Plan {
                     n_fast: plan.n_fast.min(500_000),
                     n_step: plan.n_step.min(20_000),
@@ -701,21 +716,24 @@ fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
             } else {
                 None
             };
-            let med = median(&ns);
-            if setup == "none" {
+            let med = median(&ns[i]);
+            if *setup == "none" {
                 none = med;
             }
-            // The timed calls, plus the target's one warm-up call.
-            let calls = if short == "step" {
+            // The timed calls, plus each run's one warm-up call.
+            let calls = (if short == "step" {
                 plan.n_step
             } else {
                 plan.n_fast
-            } * plan.reps as u64
-                + 1;
+            } + 1)
+                * plan.reps as u64;
+            let hits = hits[i];
             eprintln!(
-                "bench: overhead {func:<13} {setup:<14} {med:>10.1} ns/call (hits counted: {hits:?} of {calls}; program {prog_ns:?} ns/run)"
+                "bench: overhead {func:<13} {setup:<14} {med:>10.1} ns/call over {} runs {:?} (hits counted: {hits:?} of {calls}; program {prog_ns:?} ns/run)",
+                ns[i].len(),
+                ns[i].iter().map(|v| v.round()).collect::<Vec<_>>()
             );
-            row[setup] = json!({"ns_per_call": ns, "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
+            row[*setup] = json!({"ns_per_call": ns[i], "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
         }
         let over = |setup: &str| row[setup]["overhead"].as_f64().unwrap_or(f64::NAN);
         let ours = over("mt-agent");
@@ -1235,7 +1253,7 @@ fn print_tables(r: &Value) {
     let reps = if r["quick"] == true {
         "1 run (--quick)"
     } else {
-        "median of 5"
+        "median of 5 rounds, the setups in turn"
     };
     println!("### Per-hit overhead, ns per call above \"none\" ({reps})\n");
     println!(
