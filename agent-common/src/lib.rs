@@ -168,7 +168,12 @@ pub struct TriggerConfig {
     pub tids: [u32; MAX_TIDS],
     /// How many entries of `conds` are used.
     pub n_conds: u32,
-    pub _pad: u32,
+    /// With [`CFG_FOLLOW_FORKS`]: the `--pid` target's tgid, whose calls
+    /// count without a `FOLLOWED` lookup (the hot path's largest cost
+    /// otherwise). `mt_exit` sets it to 0 when that process exits, so a
+    /// new process that reuses the pid goes through `FOLLOWED` like any
+    /// other. 0 for other triggers.
+    pub target_tgid: u32,
     /// All must hold (`--when`).
     pub conds: [Cond; MAX_CONDS],
     /// `--slower-than`, in ns.

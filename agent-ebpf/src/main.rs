@@ -212,18 +212,54 @@ mod prog {
         if group_dead & 0xff != 0 {
             let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
             let _ = FOLLOWED.remove(&tgid);
+            forget_target(tgid);
         }
         0
     }
 
+    /// A `--pid` target has exited: its tgid no longer takes the fast path
+    /// of [`in_scope`]. One CONFIG entry with a single trigger, each of them
+    /// otherwise (array lookups, which the verifier inlines).
+    #[inline(always)]
+    fn forget_target(tgid: u32) {
+        let single = MT_SINGLE_TRIGGER.load();
+        let (first, end) = if single != u32::MAX {
+            (single, single.saturating_add(1))
+        } else {
+            (0, MAX_TRIGGERS)
+        };
+        let mut i = first;
+        while i < end && i < MAX_TRIGGERS {
+            if let Some(cfg) = CONFIG.get_ptr_mut(i) {
+                // SAFETY: a map value lives as long as the map. Only an
+                // exit of this tgid writes its slot, and exits of one
+                // process do not overlap.
+                unsafe {
+                    let slot = &raw mut (*cfg).target_tgid;
+                    if core::ptr::read_volatile(slot) == tgid {
+                        core::ptr::write_volatile(slot, 0);
+                    }
+                }
+            }
+            i += 1;
+        }
+    }
+
     /// False when the trigger follows forks and the calling process is not
     /// followed: such a call is not in the traced scope and counts nowhere.
+    /// The `--pid` target itself is recognized by its tgid in the trigger's
+    /// settings, without the `FOLLOWED` lookup (a hash of the key, a bucket
+    /// walk and a key compare: about 30 ns a hit here, docs/always-armed-cost.md).
     #[inline(always)]
     fn in_scope(cfg: &TriggerConfig, pid_tgid: u64) -> bool {
         if cfg.flags & CFG_FOLLOW_FORKS == 0 {
             return true;
         }
         let tgid = (pid_tgid >> 32) as u32;
+        // SAFETY: `cfg` is a map value; `mt_exit` may zero this field.
+        if tgid == unsafe { core::ptr::read_volatile(&raw const cfg.target_tgid) } {
+            return true;
+        }
         FOLLOWED.get_ptr(tgid).is_some()
     }
 

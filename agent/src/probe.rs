@@ -256,6 +256,16 @@ impl Probes {
         Ok(())
     }
 
+    /// The settings of `trigger` in CONFIG now (`mt_exit` writes them too).
+    #[cfg(test)]
+    pub fn config(&self, trigger: u32) -> TriggerConfig {
+        self.ebpf
+            .map("CONFIG")
+            .and_then(|m| Array::<_, TriggerConfig>::try_from(m).ok())
+            .and_then(|a| a.get(&trigger, 0).ok())
+            .expect("CONFIG entry")
+    }
+
     /// Whether process `pid` is in `FOLLOWED` now.
     #[cfg(test)]
     pub fn is_followed(&self, pid: i32) -> bool {

@@ -283,9 +283,11 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
             // rate and count.
             cfg.flags |= agent_common::CFG_PER_PROCESS;
         }
-        if t.follow_forks && matches!(watch, Watch::Pid(_)) {
+        if let (true, Watch::Pid(pid)) = (t.follow_forks, &watch) {
             if res.object.is_main {
                 cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+                // The target's own calls count without a FOLLOWED lookup.
+                cfg.target_tgid = *pid as u32;
             } else {
                 // Following puts the uprobe on the file for every process:
                 // on a shared library (libc) every process of the host

@@ -722,3 +722,79 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
     let args: Vec<u64> = t.hits().iter().map(|h| h.args[0]).collect();
     assert_eq!(args, vec![1, 3]);
 }
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn the_target_counts_without_a_followed_entry_until_it_exits() {
+    let _one = serial();
+    let mut probes = Probes::load(LoadOptions {
+        returns: false,
+        uretprobe: false,
+        ring_bytes: DEFAULT_RING_BYTES,
+        verbose: false,
+        single_trigger: Some(0),
+        follow_forks: true,
+    })
+    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let me = std::process::id() as i32;
+    let mut cfg = trigger_config(&Filters::default(), false).expect("valid filters");
+    cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+    cfg.target_tgid = me as u32;
+    probes.configure(0, &cfg).expect("writing CONFIG");
+    let (path, entry_offset) = location(mt_kernel_test_first);
+    probes
+        .attach(&AttachPlan {
+            trigger: 0,
+            path,
+            pid: Some(me),
+            follow_forks: true,
+            entry_offset,
+            returns: None,
+        })
+        .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let counters = probes.take_counters().expect("COUNTERS map");
+    // The target's calls count with FOLLOWED empty.
+    call(mt_kernel_test_first, 1, 2, 3);
+    assert!(!probes.is_followed(me));
+    assert_eq!(counters.read(0).seen, 1);
+    // A child that waits on a pipe, then calls twice and exits; it becomes
+    // the trigger's target (and is followed, which attaches mt_exit).
+    let mut fds = [0; 2];
+    // SAFETY: a plain pipe(2) into a 2-int array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the child only reads a pipe, calls a plain function and `_exit`s.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let mut byte = 0u8;
+        // SAFETY: reads one byte into a local.
+        unsafe { libc::read(fds[0], (&raw mut byte).cast(), 1) };
+        call(mt_kernel_test_first, 4, 0, 0);
+        call(mt_kernel_test_first, 5, 0, 0);
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    cfg.target_tgid = child as u32;
+    probes.configure(0, &cfg).expect("writing CONFIG");
+    probes
+        .follow(child)
+        .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    // SAFETY: writes one byte from a local.
+    assert_eq!(unsafe { libc::write(fds[1], [1u8].as_ptr().cast(), 1) }, 1);
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    // SAFETY: closes the pipe this test opened.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    assert_eq!(counters.read(0).seen, 3);
+    // The child has exited: mt_exit took it out of the settings too, so a
+    // process that reuses its pid would go through FOLLOWED (and miss).
+    assert_eq!(probes.config(0).target_tgid, 0);
+    assert!(!probes.is_followed(child));
+    // This process is no longer the target and was never followed.
+    call(mt_kernel_test_first, 6, 0, 0);
+    assert_eq!(counters.read(0).seen, 3);
+}

@@ -4,7 +4,8 @@
 //! magic-trace's mechanism (a hardware breakpoint), on the same target in
 //! one run. Prints Markdown tables and writes every raw figure as JSON.
 //!
-//! `bench [--quick] [--out FILE] [--only PART]`. Needs root. MT_AGENT_BIN names the agent.
+//! `bench [--quick] [--out FILE] [--only PART] [--kinds push,nop5,step]
+//! [--setups floor,mt-agent,...]`. Needs root. MT_AGENT_BIN names the agent.
 
 use std::{
     fs,
@@ -41,6 +42,44 @@ struct Plan {
     armed_runs: usize,
     /// Seconds a busy target runs with no hit, per recording mode.
     wait_s: u64,
+}
+
+/// Which rows and columns of the overhead part to run (`--kinds`,
+/// `--setups`, comma-separated; all when absent). "none" always runs: the
+/// overhead is counted above it.
+#[derive(Clone, Default)]
+struct Select {
+    kinds: Option<Vec<String>>,
+    setups: Option<Vec<String>>,
+}
+
+impl Select {
+    fn from_args(args: &[String]) -> Select {
+        let list = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .map(|v| v.split(',').map(str::to_string).collect::<Vec<_>>())
+        };
+        Select {
+            kinds: list("--kinds"),
+            setups: list("--setups"),
+        }
+    }
+
+    fn kind(&self, short: &str) -> bool {
+        self.kinds
+            .as_ref()
+            .is_none_or(|k| k.iter().any(|x| x == short))
+    }
+
+    fn setup(&self, setup: &str) -> bool {
+        setup == "none"
+            || self
+                .setups
+                .as_ref()
+                .is_none_or(|s| s.iter().any(|x| x == setup))
+    }
 }
 
 impl Plan {
@@ -144,7 +183,7 @@ fn main() {
         .cloned();
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let overhead = if part("overhead") {
-        overhead(&plan, &object)
+        overhead(&plan, &object, &Select::from_args(&args))
     } else {
         Value::Array(Vec::new())
     };
@@ -634,18 +673,39 @@ fn bench_run(
     (ns, hits, prog_ns)
 }
 
-fn overhead(plan: &Plan, object: &Path) -> Value {
+fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
     let mut rows = Vec::new();
+    // One repetition per run, and the setups in turn, round after round: a
+    // change of the machine's speed during the part (another VM on the host,
+    // another job here) falls on every setup alike, and so does where one
+    // process happens to run. The figure of a setup is its median over the
+    // rounds.
+    let one = Plan { reps: 1, ..*plan };
     for (short, func, what) in FUNCS {
+        if !select.kind(short) {
+            continue;
+        }
         let mut row = json!({"function": func, "first_instruction": what});
-        let mut none = f64::NAN;
-        for setup in SETUPS {
-            // --quick times the condition setups on the first kind only.
-            if plan.quick && setup.starts_with("mt-agent ") && short != FUNCS[0].0 {
-                continue;
+        // --quick times the condition setups on the first kind only.
+        let setups: Vec<&str> = SETUPS
+            .into_iter()
+            .filter(|s| select.setup(s))
+            .filter(|s| !(plan.quick && s.starts_with("mt-agent ") && short != FUNCS[0].0))
+            .collect();
+        let mut ns: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+        let mut hits: Vec<Option<u64>> = vec![None; setups.len()];
+        for _ in 0..plan.reps {
+            for (i, setup) in setups.iter().enumerate() {
+                let (v, h, _) = bench_run(&one, object, short, func, setup, false);
+                ns[i].extend(v);
+                if let Some(h) = h {
+                    hits[i] = Some(hits[i].unwrap_or(0) + h);
+                }
             }
-            let (ns, hits, _) = bench_run(plan, object, short, func, setup, false);
-            let prog_ns = if setup == "floor" || setup == "mt-agent" {
+        }
+        let mut none = f64::NAN;
+        for (i, setup) in setups.iter().enumerate() {
+            let prog_ns = if *setup == "floor" || *setup == "mt-agent" {
                 let quick = Plan {
                     n_fast: plan.n_fast.min(500_000),
                     n_step: plan.n_step.min(20_000),
@@ -656,21 +716,24 @@ fn overhead(plan: &Plan, object: &Path) -> Value {
             } else {
                 None
             };
-            let med = median(&ns);
-            if setup == "none" {
+            let med = median(&ns[i]);
+            if *setup == "none" {
                 none = med;
             }
-            // The timed calls, plus the target's one warm-up call.
-            let calls = if short == "step" {
+            // The timed calls, plus each run's one warm-up call.
+            let calls = (if short == "step" {
                 plan.n_step
             } else {
                 plan.n_fast
-            } * plan.reps as u64
-                + 1;
+            } + 1)
+                * plan.reps as u64;
+            let hits = hits[i];
             eprintln!(
-                "bench: overhead {func:<13} {setup:<14} {med:>10.1} ns/call (hits counted: {hits:?} of {calls}; program {prog_ns:?} ns/run)"
+                "bench: overhead {func:<13} {setup:<14} {med:>10.1} ns/call over {} runs {:?} (hits counted: {hits:?} of {calls}; program {prog_ns:?} ns/run)",
+                ns[i].len(),
+                ns[i].iter().map(|v| v.round()).collect::<Vec<_>>()
             );
-            row[setup] = json!({"ns_per_call": ns, "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
+            row[*setup] = json!({"ns_per_call": ns[i], "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
         }
         let over = |setup: &str| row[setup]["overhead"].as_f64().unwrap_or(f64::NAN);
         let ours = over("mt-agent");
@@ -1238,7 +1301,7 @@ fn print_tables(r: &Value) {
     let reps = if r["quick"] == true {
         "1 run (--quick)"
     } else {
-        "median of 5"
+        "median of 5 rounds, the setups in turn"
     };
     println!("### Per-hit overhead, ns per call above \"none\" ({reps})\n");
     println!(
