@@ -135,6 +135,19 @@ impl Traced {
         }
     }
 
+    /// Triggers 0 and 1 on the first and second functions, without
+    /// filters: two triggers, so the program reads the attach cookie.
+    fn two() -> Self {
+        Self::new(
+            &[
+                (mt_kernel_test_first, Filters::default()),
+                (mt_kernel_test_second, Filters::default()),
+            ],
+            DEFAULT_RING_BYTES,
+            false,
+        )
+    }
+
     /// One trigger on `f` with the default ring buffer.
     fn one(f: Probed, filters: Filters) -> Self {
         Self::new(&[(f, filters)], DEFAULT_RING_BYTES, false)
@@ -551,14 +564,7 @@ fn slower_than_accepts_the_slow_calls_at_their_return() {
 fn taken_links_detach_on_drop_and_a_raw_attach_counts_for_its_cookie() {
     let _one = serial();
     // Two triggers, so the program reads the attach cookie.
-    let mut t = Traced::new(
-        &[
-            (mt_kernel_test_first, Filters::default()),
-            (mt_kernel_test_second, Filters::default()),
-        ],
-        DEFAULT_RING_BYTES,
-        false,
-    );
+    let mut t = Traced::two();
     call(mt_kernel_test_second, 1, 0, 0);
     // Disarm trigger 1 the way the driver does: take its links, drop them.
     let links = t.probes.take_trigger_links(1);
@@ -597,10 +603,10 @@ fn taken_links_detach_on_drop_and_a_raw_attach_counts_for_its_cookie() {
     assert_eq!(args, vec![1, 3, 4, 5]);
 }
 
-#[test]
-#[ignore = "needs root: run by cargo xtask test's privileged stage"]
-fn following_forks_counts_the_followed_process_and_its_children_only() {
-    let _one = serial();
+/// Trigger 0 on `mt_kernel_test_first`, following forks from this process
+/// (its uprobe file-wide), with `target_tgid` in its settings if given;
+/// the loaded programs and those settings.
+fn following(target_tgid: Option<u32>) -> (Probes, agent_common::TriggerConfig) {
     let mut probes = Probes::load(LoadOptions {
         returns: false,
         uretprobe: false,
@@ -612,19 +618,30 @@ fn following_forks_counts_the_followed_process_and_its_children_only() {
     .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     let mut cfg = trigger_config(&Filters::default(), false).expect("valid filters");
     cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
+    if let Some(t) = target_tgid {
+        cfg.target_tgid = t;
+    }
     probes.configure(0, &cfg).expect("writing CONFIG");
-    let me = std::process::id() as i32;
     let (path, entry_offset) = location(mt_kernel_test_first);
     probes
         .attach(&AttachPlan {
             trigger: 0,
             path,
-            pid: Some(me),
+            pid: Some(std::process::id() as i32),
             follow_forks: true,
             entry_offset,
             returns: None,
         })
         .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    (probes, cfg)
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn following_forks_counts_the_followed_process_and_its_children_only() {
+    let _one = serial();
+    let me = std::process::id() as i32;
+    let (mut probes, _) = following(None);
     let counters = probes.take_counters().expect("COUNTERS map");
     let mut ring = probes.take_ring().expect("HITS ring buffer");
     // Not followed yet: the file-wide uprobe fires, the call counts nowhere.
@@ -671,14 +688,7 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
     let _one = serial();
     // Two triggers, so the program reads the attach cookie; trigger 1's
     // uprobe is a switch, not an aya link.
-    let mut t = Traced::new(
-        &[
-            (mt_kernel_test_first, Filters::default()),
-            (mt_kernel_test_second, Filters::default()),
-        ],
-        DEFAULT_RING_BYTES,
-        false,
-    );
+    let mut t = Traced::two();
     drop(t.probes.take_trigger_links(1));
     let events = std::sync::Arc::new(Events::new(
         uprobe_events::tracefs().expect("tracefs ({ROOT})"),
@@ -727,31 +737,8 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
 fn the_target_counts_without_a_followed_entry_until_it_exits() {
     let _one = serial();
-    let mut probes = Probes::load(LoadOptions {
-        returns: false,
-        uretprobe: false,
-        ring_bytes: DEFAULT_RING_BYTES,
-        verbose: false,
-        single_trigger: Some(0),
-        follow_forks: true,
-    })
-    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     let me = std::process::id() as i32;
-    let mut cfg = trigger_config(&Filters::default(), false).expect("valid filters");
-    cfg.flags |= agent_common::CFG_FOLLOW_FORKS;
-    cfg.target_tgid = me as u32;
-    probes.configure(0, &cfg).expect("writing CONFIG");
-    let (path, entry_offset) = location(mt_kernel_test_first);
-    probes
-        .attach(&AttachPlan {
-            trigger: 0,
-            path,
-            pid: Some(me),
-            follow_forks: true,
-            entry_offset,
-            returns: None,
-        })
-        .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let (mut probes, mut cfg) = following(Some(me as u32));
     let counters = probes.take_counters().expect("COUNTERS map");
     // The target's calls count with FOLLOWED empty.
     call(mt_kernel_test_first, 1, 2, 3);
