@@ -1105,7 +1105,7 @@ fn dir_bytes(d: &Path) -> u64 {
 
 /// The storm's setups. The target's speed with the probes out most of the
 /// time is within a few percent of none's, as is the noise of a shared
-/// machine, so none and the disarming setups run in interleaved rounds and
+/// machine, so none and the disarming setups run in 5 interleaved rounds and
 /// each row is its median round; the others run once.
 fn storm(plan: &Plan, object: &Path) -> Value {
     const REPEATED: [&str; 3] = [
@@ -1113,7 +1113,7 @@ fn storm(plan: &Plan, object: &Path) -> Value {
         "mt-agent disarming 100ms",
         "mt-agent disarming 200ms",
     ];
-    let rounds = if plan.quick { 1 } else { 3 };
+    let rounds = if plan.quick { 1 } else { 5 };
     let mut runs: Vec<(&str, Value)> = Vec::new();
     for _ in 0..rounds {
         for setup in REPEATED {
