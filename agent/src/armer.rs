@@ -70,6 +70,8 @@ struct Held {
     own: HashMap<u32, Vec<RawLink>>,
     /// Switches, by trigger.
     switches: HashMap<u32, Switch>,
+    /// Switches of triggers that are done, disarmed; dropped at the end.
+    retired: Vec<Switch>,
 }
 
 impl Held {
@@ -102,10 +104,14 @@ impl Held {
             Work::Forget(trigger) => {
                 let links = self.own.remove(&trigger).unwrap_or_default();
                 let mut done = detach(trigger, Vec::new(), links);
-                if let Some(mut s) = self.switches.remove(&trigger)
-                    && let Done::Detached { per_link_ns, .. } = &mut done
-                {
-                    per_link_ns.extend(s.disarm());
+                if let Some(mut s) = self.switches.remove(&trigger) {
+                    if let Done::Detached { per_link_ns, .. } = &mut done {
+                        per_link_ns.extend(s.disarm());
+                    }
+                    // Its keepers' last close waits for grace periods under
+                    // `event_mutex`, which would hold up every other
+                    // trigger's arm: kept, disarmed, until the thread ends.
+                    self.retired.push(s);
                 }
                 done
             }
@@ -243,7 +249,8 @@ fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {
     let t = Instant::now();
     let mut links = Vec::new();
     let mut result = Ok(());
-    for p in &plan.points {
+    // The return probes first and the entry last (as `Switch::arm`).
+    for p in plan.points.iter().rev() {
         match rawprobe::attach(
             p.prog.as_fd(),
             &plan.path,

@@ -149,6 +149,19 @@ impl Probes {
         Ok(())
     }
 
+    /// Records that `trigger`'s probes are about to be put back after a
+    /// disarm, at CLOCK_MONOTONIC `now_ns`: the return programs then
+    /// ignore the frames of calls that entered before (map `REARMED`).
+    pub fn rearming(&mut self, trigger: u32, now_ns: u64) -> anyhow::Result<()> {
+        let mut rearmed: Array<_, u64> = Array::try_from(
+            self.ebpf
+                .map_mut("REARMED")
+                .ok_or_else(|| anyhow::anyhow!("REARMED map missing"))?,
+        )?;
+        rearmed.set(trigger, now_ns, 0)?;
+        Ok(())
+    }
+
     /// Attaches the entry probe (and return probes) of one trigger.
     /// Errors: exit code 3 without privileges, 4 for other kernel refusals.
     pub fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {

@@ -85,6 +85,11 @@ impl Events {
         }
     }
 
+    /// The tracefs directory.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.clone()
+    }
+
     pub fn uprobe_events(&self) -> PathBuf {
         self.dir.join("uprobe_events")
     }
@@ -163,9 +168,16 @@ fn groups(listing: &str) -> Vec<&str> {
     v
 }
 
+/// Whether `uprobe_events` in `dir` has events of `group`.
+pub fn has_group(dir: &Path, group: &str) -> bool {
+    std::fs::read_to_string(dir.join("uprobe_events"))
+        .is_ok_and(|listing| groups(&listing).contains(&group))
+}
+
 /// Deletes the event groups of agents that are gone (killed before they
-/// or their reaper could). An agent is gone when no process with its pid
-/// is named mt-agent.
+/// or their reaper could), and a group with this agent's pid (a dead
+/// agent's). An agent is gone when no live process (not a zombie) with its
+/// pid is named mt-agent.
 pub fn remove_stale(dir: &Path) {
     let file = dir.join("uprobe_events");
     let Ok(listing) = std::fs::read_to_string(&file) else {
@@ -176,7 +188,11 @@ pub fn remove_stale(dir: &Path) {
             continue;
         };
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if !comm.starts_with("mt-agent") {
+        // This agent's own group can only be a dead agent's that had its
+        // pid: the kernel would add new events to it.
+        let mine = pid == std::process::id();
+        let alive = crate::target::is_alive(pid as i32) && comm.starts_with("mt-agent");
+        if mine || !alive {
             let _ = delete_group(&file, group);
         }
     }

@@ -129,9 +129,11 @@ impl Switch {
         self.points.len()
     }
 
-    /// Puts the breakpoints in. On an error, none is in.
+    /// Puts the breakpoints in, the return probes first and the entry
+    /// last: an entry seen then has its returns watched. On an error, none
+    /// is in.
     pub fn arm(&mut self) -> std::io::Result<()> {
-        for i in 0..self.points.len() {
+        for i in (0..self.points.len()).rev() {
             if self.points[i].arm.is_some() {
                 continue;
             }
@@ -146,7 +148,8 @@ impl Switch {
         Ok(())
     }
 
-    /// Takes the breakpoints out; the time of each close, ns.
+    /// Takes the breakpoints out, the entry first; the time of each
+    /// close, ns.
     pub fn disarm(&mut self) -> Vec<u64> {
         let mut took = Vec::new();
         for p in &mut self.points {

@@ -130,6 +130,12 @@ impl Arming {
         let started = uprobe_events::tracefs().and_then(|dir| {
             uprobe_events::remove_stale(&dir);
             let events = Events::new(dir);
+            if uprobe_events::has_group(&events.dir(), events.group()) {
+                return Err(std::io::Error::other(format!(
+                    "the event group {} is in use and cannot be deleted",
+                    events.group()
+                )));
+            }
             let reaper = reaper::spawn(&events.uprobe_events(), events.group())?;
             Ok((events, reaper))
         });
@@ -389,6 +395,14 @@ impl Driver {
         for trigger in due {
             match self.arm_plan(trigger) {
                 Some(plan) => {
+                    // Before the probes go in: frames older than this are
+                    // not matched by a return (a `ret` probe may have missed
+                    // theirs while out).
+                    if let Some(p) = self.probes.as_mut()
+                        && let Err(e) = p.rearming(trigger, Now::read().ns)
+                    {
+                        self.setup.reporter.warning(&format!("REARMED map: {e:#}"));
+                    }
                     self.arming
                         .machines
                         .get_mut(&trigger)
