@@ -361,48 +361,54 @@ impl Driver {
             return;
         }
         if exe_triggers {
-            for i in 0..self.setup.triggers.len() {
-                if matches!(self.setup.triggers[i].watch, Watch::Exe { .. }) {
-                    let plan = self.setup.triggers[i].plan.clone();
-                    if let Err(f) = self.attach(&plan) {
-                        self.fatal(f);
-                        return;
-                    }
-                }
-            }
-            let probes = self.probes.as_mut().expect("loaded");
-            match probes.attach_exec_tracepoint() {
-                Ok(()) => {}
-                Err(f) => {
+            self.arm_exe_triggers();
+        }
+    }
+
+    /// Attaches the `--exe` triggers' uprobes and the exec tracepoint, and
+    /// tracks the processes that already run the executables.
+    fn arm_exe_triggers(&mut self) {
+        for i in 0..self.setup.triggers.len() {
+            if matches!(self.setup.triggers[i].watch, Watch::Exe { .. }) {
+                let plan = self.setup.triggers[i].plan.clone();
+                if let Err(f) = self.attach(&plan) {
                     self.fatal(f);
                     return;
                 }
             }
-            match self.probes.as_mut().expect("loaded").take_execs() {
-                Ok(r) => {
-                    let _ = self.epoll.add(r.as_fd(), Token::Execs.event());
-                    self.execs = Some(r);
-                }
-                Err(e) => {
-                    self.fatal(Failure::runtime(format!("EXECS ring buffer: {e:#}")));
-                    return;
-                }
+        }
+        let probes = self.probes.as_mut().expect("loaded");
+        match probes.attach_exec_tracepoint() {
+            Ok(()) => {}
+            Err(f) => {
+                self.fatal(f);
+                return;
             }
-            self.armed_now(None);
-            for t in self
-                .setup
-                .triggers
-                .iter()
-                .filter(|t| matches!(t.watch, Watch::Exe { .. }))
-            {
-                let mut a = t.armed.clone();
-                a.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
-                self.setup.reporter.armed(&a);
+        }
+        match self.probes.as_mut().expect("loaded").take_execs() {
+            Ok(r) => {
+                let _ = self.epoll.add(r.as_fd(), Token::Execs.event());
+                self.execs = Some(r);
             }
-            // Processes that run the executables already: one scan of /proc.
-            for pid in all_pids() {
-                self.maybe_track(pid);
+            Err(e) => {
+                self.fatal(Failure::runtime(format!("EXECS ring buffer: {e:#}")));
+                return;
             }
+        }
+        self.armed_now(None);
+        for t in self
+            .setup
+            .triggers
+            .iter()
+            .filter(|t| matches!(t.watch, Watch::Exe { .. }))
+        {
+            let mut a = t.armed.clone();
+            a.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
+            self.setup.reporter.armed(&a);
+        }
+        // Processes that run the executables already: one scan of /proc.
+        for pid in all_pids() {
+            self.maybe_track(pid);
         }
     }
 

@@ -331,6 +331,45 @@ pub struct PerfProcess {
     last_cpu: Option<Duration>,
 }
 
+/// The perf command of [`PerfProcess::spawn`]: its arguments, a cleared
+/// environment, its own process group, and between fork and exec the
+/// control fds kept open, SIGUSR2 ignored and `PR_SET_PDEATHSIG`.
+fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command {
+    let parent = nix::unistd::getpid();
+    let mut cmd = command(&spec.perf);
+    cmd.args(spec.args(ctl_child, ack_child))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    for key in ["LANG", "HOME"] {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
+        }
+    }
+    // SAFETY: only async-signal-safe calls (fcntl, signal, prctl,
+    // getppid) run between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in [ctl_child, ack_child] {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            libc::signal(libc::SIGUSR2, libc::SIG_IGN);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl took effect.
+            if libc::getppid() != parent.as_raw() {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 impl PerfProcess {
     /// Spawns perf: SIGUSR2 ignored, in its own process group, with a
     /// cleared environment, `PR_SET_PDEATHSIG` so it dies with the spawning
@@ -344,39 +383,7 @@ impl PerfProcess {
         let (ctl_r, ctl_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
         let (ack_r, ack_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
         let (ctl_child, ack_child) = (ctl_r.as_raw_fd(), ack_w.as_raw_fd());
-        let parent = nix::unistd::getpid();
-
-        let mut cmd = command(&spec.perf);
-        cmd.args(spec.args(ctl_child, ack_child))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        for key in ["LANG", "HOME"] {
-            if let Some(v) = std::env::var_os(key) {
-                cmd.env(key, v);
-            }
-        }
-        // SAFETY: only async-signal-safe calls (fcntl, signal, prctl,
-        // getppid) run between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                for fd in [ctl_child, ack_child] {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                libc::signal(libc::SIGUSR2, libc::SIG_IGN);
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                // The parent may have died before the prctl took effect.
-                if libc::getppid() != parent.as_raw() {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
+        let mut cmd = perf_command(spec, ctl_child, ack_child);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting {}", spec.perf.display()))?;

@@ -140,12 +140,16 @@ impl Probes {
 
     /// Writes a trigger's settings into CONFIG. Must happen before attach.
     pub fn configure(&mut self, trigger: u32, cfg: &TriggerConfig) -> anyhow::Result<()> {
-        let mut config: Array<_, TriggerConfig> = Array::try_from(
-            self.ebpf
-                .map_mut("CONFIG")
-                .ok_or_else(|| anyhow::anyhow!("CONFIG map missing"))?,
-        )?;
-        config.set(trigger, cfg, 0)?;
+        self.set("CONFIG", trigger, *cfg)
+    }
+
+    /// Writes entry `index` of the array map `name`.
+    fn set<T: aya::Pod>(&mut self, name: &str, index: u32, value: T) -> anyhow::Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| anyhow::anyhow!("{name} map missing"))?;
+        Array::<_, T>::try_from(map)?.set(index, value, 0)?;
         Ok(())
     }
 
@@ -153,13 +157,7 @@ impl Probes {
     /// disarm, at CLOCK_MONOTONIC `now_ns`: the return programs then
     /// ignore the frames of calls that entered before (map `REARMED`).
     pub fn rearming(&mut self, trigger: u32, now_ns: u64) -> anyhow::Result<()> {
-        let mut rearmed: Array<_, u64> = Array::try_from(
-            self.ebpf
-                .map_mut("REARMED")
-                .ok_or_else(|| anyhow::anyhow!("REARMED map missing"))?,
-        )?;
-        rearmed.set(trigger, now_ns, 0)?;
-        Ok(())
+        self.set("REARMED", trigger, now_ns)
     }
 
     /// Attaches the entry probe (and return probes) of one trigger.

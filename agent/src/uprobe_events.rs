@@ -14,7 +14,7 @@
 //!
 //! The events of one agent are in the group `mt_agent_<pid>`: the agent
 //! deletes them at the end, a reaper process does if the agent is killed
-//! ([`crate::reaper`]), and an agent that starts deletes the groups of
+//! (reaper.rs), and the next agent that disarms deletes the groups of
 //! agents that are gone ([`remove_stale`]).
 
 use std::{

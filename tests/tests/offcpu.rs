@@ -321,17 +321,9 @@ fn alive(pid: i32) -> bool {
 fn two_snapshots_in() -> (Target, Agent) {
     let mut t = Target::start(&offcpu(), &["blocked", "200"]);
     let pid = t.pid().to_string();
-    let mut agent = Agent::start(&[
-        "--pid",
-        &pid,
-        "--symbol",
-        "slow_call",
-        "--slower-than",
-        "50ms",
-        "--cooldown",
-        "0",
-        "--json",
-    ]);
+    let mut args = vec!["--pid", pid.as_str(), "--json"];
+    args.extend_from_slice(BLOCKED_CALL);
+    let mut agent = Agent::start(&args);
     agent.wait_armed();
     t.go();
     wait_snapshots(&agent, 2);
