@@ -264,14 +264,25 @@ fn only_the_target_pays() {
     let other_pid = other.pid();
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
     let before = switches(other_pid);
-    let run = capture(&mut t, BLOCKED_CALL);
+    let pid = t.pid().to_string();
+    let mut args = vec!["--pid", pid.as_str(), "--json"];
+    args.extend_from_slice(BLOCKED_CALL);
+    let mut agent = Agent::start(&args);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(60));
     let during = switches(other_pid) - before;
     assert!(
         other.proc.try_status().is_none(),
         "the ping-pong process ended during the run: {:?}",
         other.proc.stdout()
     );
+    // Ended before the agent's own end: under its load, the agent's final
+    // uprobe detach was seen to wait 60 s+ in the kernel (synchronize_srcu
+    // in uprobe_unregister_sync), an open problem of issue 14's note.
     drop(other);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
     // The premise: the other process switched all through the run.
     assert!(
         during > 1000,
