@@ -30,6 +30,7 @@ use aya::programs::uprobe::UProbeLink;
 use nix::sys::eventfd::EventFd;
 
 use crate::{
+    detacher::{self, Detacher},
     rawprobe::{self, RawLink},
     uprobe_switch::{Plan as SwitchPlan, Switch},
 };
@@ -144,7 +145,7 @@ pub enum Done {
 pub struct Armer {
     tx: Option<mpsc::Sender<Work>>,
     pub rx: mpsc::Receiver<Done>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<Held>>,
 }
 
 impl Armer {
@@ -162,6 +163,8 @@ impl Armer {
                         let _ = wake.write(1);
                     }
                 }
+                // Not dropped here: see `finish`.
+                held
             })?;
         Ok(Self {
             tx: Some(tx),
@@ -199,18 +202,24 @@ impl Armer {
         }
     }
 
-    /// Detaches everything this thread holds and waits for it.
-    pub fn finish(&mut self) {
+    /// Ends the thread and detaches everything it held, the last closes
+    /// in a child ([`crate::detacher`]): returns the child to wait for, or
+    /// why none could be forked (then it is detached here).
+    pub fn finish(&mut self) -> Option<Result<Detacher, std::io::Error>> {
         self.tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let held = self.thread.take()?.join().ok()?;
+        Some(match detacher::drop_in_child(held) {
+            (_, Some(e)) => Err(e),
+            (d, None) => Ok(d),
+        })
     }
 }
 
 impl Drop for Armer {
     fn drop(&mut self) {
-        self.finish();
+        if let Some(Ok(mut d)) = self.finish() {
+            d.wait(std::time::Instant::now() + detacher::WAIT);
+        }
     }
 }
 

@@ -39,6 +39,7 @@ use crate::{
     caps,
     clock::Now,
     counters::{CounterValues, Counters},
+    detacher::Pending,
     end::run_end,
     error::Failure,
     output::{Armed, Reporter},
@@ -249,6 +250,8 @@ struct Driver {
     unrecorded: u64,
     extra: u64,
     arming: disarming::Arming,
+    /// Children still making the last close of detached uprobes.
+    detaching: Pending,
 }
 
 impl Driver {
@@ -296,6 +299,7 @@ impl Driver {
             unrecorded: 0,
             extra: 0,
             arming,
+            detaching: Pending::default(),
         })
     }
 
@@ -459,19 +463,35 @@ impl Driver {
     }
 
     fn detach_trigger(&mut self, trigger: u32) {
-        if let Some(p) = self.probes.as_mut() {
-            p.detach_trigger(trigger);
-        }
+        let links = self
+            .probes
+            .as_mut()
+            .map(|p| p.take_trigger_links(trigger))
+            .unwrap_or_default();
+        self.drop_links(links);
         self.arming.forget(trigger);
     }
 
     fn detach_all(&mut self) {
-        if let Some(p) = self.probes.as_mut() {
-            p.detach_all();
-        }
+        let links = self.probes.as_mut().map_or_else(Vec::new, |p| {
+            p.detach_tracepoints();
+            p.take_all_links()
+        });
+        self.drop_links(links);
         let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
         for t in triggers {
             self.arming.forget(t);
+        }
+    }
+
+    /// Detaches uprobe links, the kernel's wait in a child
+    /// ([`crate::detacher`]): the driver waits for it a bounded time.
+    fn drop_links(&mut self, links: Vec<aya::programs::uprobe::UProbeLink>) {
+        if links.is_empty() {
+            return;
+        }
+        if let Some(w) = self.detaching.drop_and_wait(links) {
+            self.setup.reporter.warning(&w);
         }
     }
 
@@ -982,7 +1002,9 @@ impl Driver {
 
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
-        self.arming.finish();
+        if let Some(w) = self.arming.finish(&mut self.detaching) {
+            self.setup.reporter.warning(&w);
+        }
         self.settle_counters();
         let mut counters = CounterValues::default();
         let mut open_calls = 0;

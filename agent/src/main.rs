@@ -37,6 +37,7 @@ mod clock;
 mod conditions;
 mod config;
 mod counters;
+mod detacher;
 mod disarm;
 mod disk_budget;
 mod driver;

@@ -286,15 +286,10 @@ impl Probes {
             .is_some_and(|m| m.get(&(pid as u32), 0).is_ok())
     }
 
-    /// Detaches the probes of one trigger.
+    /// Detaches the probes of one trigger, waiting for the kernel.
+    #[cfg(test)]
     pub fn detach_trigger(&mut self, trigger: u32) {
-        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
-            .into_iter()
-            .partition(|(_, t, _)| *t == trigger);
-        self.links = others;
-        for (program, _, link) in mine {
-            self.detach_link(program, link);
-        }
+        drop(self.take_trigger_links(trigger));
     }
 
     /// Takes the links of one trigger out of the programs, without
@@ -320,12 +315,20 @@ impl Probes {
         taken
     }
 
-    /// Detaches every probe (and the exec tracepoint); the programs stay
-    /// loaded until drop.
-    pub fn detach_all(&mut self) {
-        for (program, _, link) in std::mem::take(&mut self.links) {
-            self.detach_link(program, link);
-        }
+    /// Takes every uprobe link out of the programs, without detaching
+    /// them (see [`Self::take_trigger_links`]).
+    pub fn take_all_links(&mut self) -> Vec<UProbeLink> {
+        let triggers: std::collections::BTreeSet<u32> =
+            self.links.iter().map(|(_, t, _)| *t).collect();
+        triggers
+            .into_iter()
+            .flat_map(|t| self.take_trigger_links(t))
+            .collect()
+    }
+
+    /// Detaches the exec, fork and exit tracepoints (no grace period is
+    /// waited for: the kernel frees their probes after one, on its own).
+    pub fn detach_tracepoints(&mut self) {
         if let Some(link) = self.exec_link.take()
             && let Some(prog) = self
                 .ebpf
@@ -342,16 +345,6 @@ impl Probes {
             {
                 let _ = prog.detach(link);
             }
-        }
-    }
-
-    fn detach_link(&mut self, program: &str, link: UProbeLinkId) {
-        if let Some(prog) = self
-            .ebpf
-            .program_mut(program)
-            .and_then(|p| <&mut UProbe>::try_from(p).ok())
-        {
-            let _ = prog.detach(link);
         }
     }
 

@@ -102,6 +102,16 @@ fn reap(read: i32, file: &CString, line: &[u8]) -> ! {
     }
 }
 
+impl Reaper {
+    /// Lets the child go without waiting for it: it deletes the group when
+    /// the agent's perf events no longer hold it, or gives up after 10 s.
+    pub fn let_go(mut self) {
+        self.pipe.take();
+        // Not waited for: init reaps it once the agent is gone.
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for Reaper {
     fn drop(&mut self) {
         self.pipe.take();

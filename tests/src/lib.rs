@@ -499,6 +499,14 @@ impl Agent {
         };
         if check_programs {
             assert_no_programs_loaded(&run.output());
+            // The agent waits for its mt-agent-detach children unless the
+            // kernel holds them up (then it warns).
+            let left = processes_named("mt-agent-detach");
+            assert!(
+                left.is_empty(),
+                "mt-agent-detach left: {left:?}\n{}",
+                run.output()
+            );
         }
         assert_no_perf_for(&run.out, &run.output());
         run
@@ -533,6 +541,39 @@ pub fn assert_no_programs_loaded(context: &str) {
         }
         if Instant::now() > end {
             panic!("programs still loaded after the run: {left:?}\n{context}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Processes whose name (`/proc/PID/comm`) is `comm`.
+pub fn processes_named(comm: &str) -> Vec<i32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
+        })
+        .collect()
+}
+
+/// Waits up to `within` until no program of ours is loaded and no
+/// `mt-agent-detach` child (which makes the last close of an agent's
+/// uprobes) is left; panics otherwise.
+pub fn assert_nothing_left_within(within: Duration, context: &str) {
+    let end = Instant::now() + within;
+    loop {
+        let programs = our_loaded_programs();
+        let detachers = processes_named("mt-agent-detach");
+        if programs.is_empty() && detachers.is_empty() {
+            return;
+        }
+        if Instant::now() > end {
+            panic!(
+                "after {within:?}: programs still loaded {programs:?}, mt-agent-detach {detachers:?}\n{context}"
+            );
         }
         thread::sleep(Duration::from_millis(20));
     }

@@ -277,12 +277,16 @@ fn only_the_target_pays() {
         "the ping-pong process ended during the run: {:?}",
         other.proc.stdout()
     );
-    // Ended before the agent's own end: under its load, the agent's final
-    // uprobe detach was seen to wait 60 s+ in the kernel (synchronize_srcu
-    // in uprobe_unregister_sync), an open problem of issue 14's note.
-    drop(other);
-    let run = agent.finish(FINISH);
+    // The agent ends while the ping-pong still runs. Under this load the
+    // kernel's last uprobe detach was seen to wait 60 s+ (a grace period
+    // held up, docs/disarming.md): the agent must not wait for it more
+    // than a bounded time (mt-agent-detach finishes it).
+    let run = agent.finish_checked(FINISH, false);
     assert_eq!(run.code, Some(0), "{}", run.output());
+    let held_up = run.output().contains("mt-agent-detach");
+    drop(other);
+    // Without the load, the kernel finishes the detach: nothing is left.
+    assert_nothing_left_within(Duration::from_secs(30), &run.output());
     // The premise: the other process switched all through the run.
     assert!(
         during > 1000,
@@ -307,7 +311,7 @@ fn only_the_target_pays() {
         );
     }
     eprintln!(
-        "OFFCPU untraced pid {other_pid}: {during} switches during the run, 0 records; target {}: {} sched_switch samples, {} switch records",
+        "OFFCPU untraced pid {other_pid}: {during} switches during the run, 0 records; target {}: {} sched_switch samples, {} switch records; detach held up: {held_up}",
         t.pid(),
         count(t.pid(), "sched:sched_switch"),
         count(t.pid(), "PERF_RECORD_SWITCH")

@@ -17,6 +17,7 @@ use super::{Driver, Watch};
 use crate::{
     armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
+    detacher::Pending,
     disarm::{
         Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS, lead_ns,
         quantile, round_trip_ns,
@@ -254,27 +255,40 @@ impl Arming {
         }
     }
 
-    /// Forgets every trigger and waits until the arming thread has
-    /// detached everything it holds.
-    pub(super) fn finish(&mut self) {
+    /// Forgets every trigger, ends the arming thread and waits until what
+    /// it held is detached ([`crate::detacher::WAIT`] at most); a warning to
+    /// print, if any.
+    pub(super) fn finish(&mut self, pending: &mut Pending) -> Option<String> {
         let triggers: Vec<u32> = self.machines.keys().copied().collect();
         for t in triggers {
             self.forget(t);
         }
+        let mut warning = None;
         if let Some(a) = &mut self.armer {
-            a.finish();
+            let child = a.finish();
             while let Ok(d) = a.rx.try_recv() {
                 if let Done::Detached { per_link_ns, .. } = d {
                     self.detach_ns.extend(per_link_ns);
                 }
             }
+            warning = child.and_then(|c| pending.wait_for(c));
         }
-        // The arming thread deleted each switch's events; the group goes
-        // with the last, and the reaper has nothing left to do.
+        if pending.any() {
+            // A perf event still holds the group: the reaper deletes it
+            // once it can (it retries for 10 s); the agent does not wait.
+            self.events.take();
+            if let Some(r) = self.reaper.take() {
+                r.let_go();
+            }
+            return warning;
+        }
+        // Every switch's events are closed: the group goes, and the reaper
+        // has nothing left to do.
         if let Some(e) = self.events.take() {
             let _ = e.delete_all();
         }
         self.reaper.take();
+        warning
     }
 }
 

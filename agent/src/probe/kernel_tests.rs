@@ -785,3 +785,33 @@ fn the_target_counts_without_a_followed_entry_until_it_exits() {
     call(mt_kernel_test_first, 6, 0, 0);
     assert_eq!(counters.read(0).seen, 3);
 }
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn a_link_dropped_with_a_holder_child_stays_until_the_child_lets_it_go() {
+    use crate::detacher::{Detacher, fork_holder};
+    let _one = serial();
+    let mut t = Traced::two();
+    let code = mt_kernel_test_second as Probed as usize as *const u8;
+    // SAFETY: as in the switch test above.
+    let byte = || unsafe { std::ptr::read_volatile(code) };
+    assert_eq!(byte(), 0xcc, "attached: an int3 at the function");
+    let links = t.probes.take_trigger_links(1);
+    assert_eq!(links.len(), 1);
+    let (pid, go) = fork_holder().unwrap_or_else(|e| panic!("fork: {e}"));
+    // Not the last close: the uprobe stays registered, and fires.
+    drop(links);
+    assert_eq!(byte(), 0xcc, "the agent's close removed the uprobe");
+    call(mt_kernel_test_second, 1, 0, 0);
+    assert_eq!(t.counts(1).seen, 1);
+    // The child's close is the last: the uprobe goes.
+    drop(go);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    assert!(Detacher::of(pid).wait(deadline), "the child never ended");
+    assert_ne!(byte(), 0xcc, "the child's close left the int3");
+    call(mt_kernel_test_second, 2, 0, 0);
+    let c = t.counts(1);
+    assert_eq!((c.seen, c.accepted), (1, 1), "{c:?}");
+    let args: Vec<u64> = t.hits().iter().map(|h| h.args[0]).collect();
+    assert_eq!(args, vec![1]);
+}
