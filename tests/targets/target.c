@@ -14,6 +14,7 @@
  *   target slowrec N             the same through a recursive f_rec
  *   target slowthreads T N       slow on T threads at once
  *   target slowwait N            slow N, then waits until killed
+ *   target slowmix N             f_mix(i) for i in 0..N: 60 ms if i % 10 == 9, else 20 ms
  *   target after                 f_after burns 30 ms of CPU after entry
  *   target fork                  a forked child calls trigger 5 times; the parent does not
  *   target exec PATH...          execs PATH after the go signal
@@ -96,6 +97,14 @@ static void sleep_ms(long ms) {
  * function is one symbol with real calls. */
 __attribute__((noipa)) long f_slow(long i) {
   if (i == 10 || i == 20 || i == 30) sleep_ms(SLOW_MS);
+  sink += (uint64_t)i;
+  return i * 2;
+}
+
+/* Every call is slow-ish and in flight most of the time: 20 ms, or 60 ms
+ * for every tenth (i % 10 == 9). */
+__attribute__((noipa)) long f_mix(long i) {
+  sleep_ms(i % 10 == 9 ? 60 : 20);
   sink += (uint64_t)i;
   return i * 2;
 }
@@ -243,6 +252,8 @@ int main(int argc, char **argv) {
     }
     printf("calls %llu in %.3f s\n", (unsigned long long)n, (double)(now_ns() - t0) / 1e9);
     fflush(stdout); /* the bench reads it while the agent still runs */
+  } else if (!strcmp(mode, "slowmix")) {
+    for (long i = 0; i < a; i++) f_mix(i);
   } else if (!strcmp(mode, "slow")) {
     for (long i = 0; i < a; i++) f_slow(i);
   } else if (!strcmp(mode, "slowrec")) {

@@ -255,6 +255,55 @@ fn a_tight_loop_loses_no_hit_that_could_be_accepted() {
 }
 
 #[test]
+fn slower_than_durations_stay_true_across_disarms() {
+    // 40 calls of 20 ms, every tenth 60 ms; each hit disarms for 100 ms,
+    // with calls in flight. A return must never be matched with an entry
+    // from before a disarm (which reported 20 ms calls as ~100 ms ones).
+    let mut t = Target::start(&target_path("target"), &["slowmix", "40"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "f_mix",
+        "--slower-than",
+        "40ms",
+        "--cooldown",
+        "100ms",
+        "--json",
+    ]);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let hits: Vec<(u64, u64)> = run
+        .hits()
+        .iter()
+        .map(|h| {
+            (
+                h["args"][0].as_u64().unwrap(),
+                h["duration_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // Calls 9, 19, 29, 39; the 100 ms cooldown never covers the next one.
+    let args: Vec<u64> = hits.iter().map(|h| h.0).collect();
+    assert_eq!(args, vec![9, 19, 29, 39], "{hits:?}\n{}", run.output());
+    // 60 ms of sleep: the lower bound is the sleep, the upper one is loose
+    // (a preempted call on a loaded machine), far below the ~100 ms+ of a
+    // mismatched entry.
+    for (arg, ns) in &hits {
+        assert!(
+            (60_000_000..90_000_000).contains(ns),
+            "call {arg} took {ns} ns by the hit: {hits:?}"
+        );
+    }
+    let s = run.summary().expect("summary");
+    assert!(s["disarm"]["cycles"].as_u64().unwrap() >= 3, "{s}");
+}
+
+#[test]
 fn max_rate_disarms_for_its_interval() {
     // --max-rate 2/s: after a hit no call is accepted for 500 ms, longer
     // than the cooldown, so the trigger stays out that long: 3 s / 500 ms.
