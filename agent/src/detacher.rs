@@ -37,6 +37,8 @@ use nix::{
     unistd::{Pid, pipe2},
 };
 
+use crate::reaper;
+
 /// How long a caller waits for a child to close what it holds: far beyond
 /// the ~0.1 s a uprobe's detach takes here (docs/disarming.md), even with a
 /// few dozen `ret` probes.
@@ -122,18 +124,10 @@ fn hold(go: RawFd, early: &[RawFd]) -> ! {
             libc::close(*fd);
         }
         libc::prctl(libc::PR_SET_NAME, c"mt-agent-detach".as_ptr());
-        // A Ctrl-C to the agent's process group is for the agent: if this
-        // child died first, the agent's own close would be the last one.
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            libc::signal(sig, libc::SIG_IGN);
-        }
-        let mut b = [0u8; 1];
-        loop {
-            let n = libc::read(go, b.as_mut_ptr().cast(), 1);
-            if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
-                break;
-            }
-        }
+        // If this child died first, the agent's own close would be the
+        // last one.
+        reaper::ignore_group_signals();
+        reaper::wait_for_eof(go);
         libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
         libc::_exit(0)
     }

@@ -70,17 +70,8 @@ fn reap(read: i32, file: &CString, line: &[u8]) -> ! {
         libc::dup2(read, 0);
         libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32);
         libc::prctl(libc::PR_SET_NAME, c"mt-agent-reaper".as_ptr());
-        // A Ctrl-C to the agent's process group is for the agent.
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            libc::signal(sig, libc::SIG_IGN);
-        }
-        let mut b = [0u8; 1];
-        loop {
-            let n = libc::read(0, b.as_mut_ptr().cast(), 1);
-            if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
-                break;
-            }
-        }
+        ignore_group_signals();
+        wait_for_eof(0);
         for _ in 0..RETRIES {
             let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_APPEND);
             if fd < 0 {
@@ -99,6 +90,30 @@ fn reap(read: i32, file: &CString, line: &[u8]) -> ! {
             libc::nanosleep(&t, std::ptr::null_mut());
         }
         libc::_exit(0)
+    }
+}
+
+/// In a forked child: a Ctrl-C (or SIGTERM, SIGHUP, SIGQUIT) to the
+/// agent's process group is for the agent, not for its helper children.
+/// Async-signal-safe.
+pub(crate) fn ignore_group_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: signal(2) with SIG_IGN, async-signal-safe.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+}
+
+/// In a forked child: reads `fd` until end of file (or an error other
+/// than EINTR). Async-signal-safe.
+pub(crate) fn wait_for_eof(fd: i32) {
+    let mut b = [0u8; 1];
+    loop {
+        // SAFETY: read(2) into a local buffer of 1 byte.
+        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+        // SAFETY: errno of this thread.
+        if n == 0 || (n < 0 && unsafe { *libc::__errno_location() } != libc::EINTR) {
+            return;
+        }
     }
 }
 
