@@ -15,7 +15,9 @@
 //! in milliseconds. Otherwise (no tracefs), the first detach of a trigger
 //! drops the links aya attached (taken out of the programs); later
 //! attaches are made here ([`crate::rawprobe`]) and their links are kept
-//! here until the next detach.
+//! here until the next detach. Either way the last close of a uprobe is a
+//! child's ([`crate::detacher`]), waited for a bounded time, so that the
+//! thread always ends.
 
 use std::{
     collections::HashMap,
@@ -30,7 +32,7 @@ use aya::programs::uprobe::UProbeLink;
 use nix::sys::eventfd::EventFd;
 
 use crate::{
-    detacher::{self, Detacher},
+    detacher::{self, Detacher, Pending},
     rawprobe::{self, RawLink},
     uprobe_switch::{Plan as SwitchPlan, Switch},
 };
@@ -71,8 +73,11 @@ struct Held {
     own: HashMap<u32, Vec<RawLink>>,
     /// Switches, by trigger.
     switches: HashMap<u32, Switch>,
-    /// Switches of triggers that are done, disarmed; dropped at the end.
+    /// Switches of triggers that are done (or failed to arm), disarmed;
+    /// dropped at the end.
     retired: Vec<Switch>,
+    /// Children making the last close of links this thread detached.
+    pending: Pending,
 }
 
 impl Held {
@@ -82,12 +87,12 @@ impl Held {
                 Some(s) => Done::Detached {
                     trigger,
                     per_link_ns: s.disarm(),
+                    warning: None,
                 },
-                None => detach(
-                    trigger,
-                    links,
-                    self.own.remove(&trigger).unwrap_or_default(),
-                ),
+                None => {
+                    let own = self.own.remove(&trigger).unwrap_or_default();
+                    detach(trigger, links, own, &mut self.pending)
+                }
             },
             Work::Attach(plan) => match self.switches.get_mut(&plan.trigger) {
                 Some(s) => arm(plan.trigger, s),
@@ -95,7 +100,7 @@ impl Held {
             },
             Work::SetUp(plan) => {
                 let trigger = plan.trigger;
-                let result = plan.build().map(|s| {
+                let result = plan.build(&mut self.retired).map(|s| {
                     let n = s.len();
                     self.switches.insert(trigger, s);
                     n
@@ -104,7 +109,7 @@ impl Held {
             }
             Work::Forget(trigger) => {
                 let links = self.own.remove(&trigger).unwrap_or_default();
-                let mut done = detach(trigger, Vec::new(), links);
+                let mut done = detach(trigger, Vec::new(), links, &mut self.pending);
                 if let Some(mut s) = self.switches.remove(&trigger) {
                     if let Done::Detached { per_link_ns, .. } = &mut done {
                         per_link_ns.extend(s.disarm());
@@ -129,8 +134,13 @@ pub enum Done {
         trigger: u32,
         result: Result<usize, String>,
     },
-    /// A trigger's links were detached; time per uprobe, ns.
-    Detached { trigger: u32, per_link_ns: Vec<u64> },
+    /// A trigger's links were detached; time per uprobe, ns, and a
+    /// warning to print, if any ([`Pending::wait_for`]).
+    Detached {
+        trigger: u32,
+        per_link_ns: Vec<u64>,
+        warning: Option<String>,
+    },
     /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
     /// `at_ns`, after `took_ns`.
     Attached {
@@ -223,21 +233,24 @@ impl Drop for Armer {
     }
 }
 
-fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
-    let mut per_link_ns = Vec::new();
-    for link in links {
-        let t = Instant::now();
-        drop(link);
-        per_link_ns.push(t.elapsed().as_nanos() as u64);
+/// Detaches links, the last closes in a child ([`crate::detacher`]): the
+/// time each uprobe took, ns (the child's time, shared out).
+fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>, pending: &mut Pending) -> Done {
+    let n = (links.len() + own.len()) as u64;
+    if n == 0 {
+        return Done::Detached {
+            trigger,
+            per_link_ns: Vec::new(),
+            warning: None,
+        };
     }
-    for link in own {
-        let t = Instant::now();
-        drop(link);
-        per_link_ns.push(t.elapsed().as_nanos() as u64);
-    }
+    let t = Instant::now();
+    let warning = pending.drop_and_wait((links, own));
+    let each = t.elapsed().as_nanos() as u64 / n;
     Done::Detached {
         trigger,
-        per_link_ns,
+        per_link_ns: vec![each; n as usize],
+        warning,
     }
 }
 

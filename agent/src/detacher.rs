@@ -195,12 +195,15 @@ impl Detacher {
     }
 }
 
-/// The children of a run that were slower than [`WAIT`], and whether that
-/// was reported.
+/// How long a caller waits for a child while an earlier one is still
+/// held up: the kernel is likely still stuck, and an end must not wait
+/// [`WAIT`] once per child.
+pub const WAIT_HELD_UP: Duration = Duration::from_secs(1);
+
+/// The children of a run that were slower than their wait, until they end.
 #[derive(Debug, Default)]
 pub struct Pending {
     children: Vec<Detacher>,
-    warned: bool,
 }
 
 fn no_fork(e: &io::Error) -> String {
@@ -209,8 +212,8 @@ fn no_fork(e: &io::Error) -> String {
 
 impl Pending {
     /// Drops `value` on a child's last close ([`drop_in_child`]) and waits
-    /// for the child, [`WAIT`] at most. Returns a warning to print, if
-    /// any: the fork failed, or the kernel is slower than that (once).
+    /// for the child ([`Self::wait_for`]). Returns a warning to print, if
+    /// any.
     pub fn drop_and_wait<T>(&mut self, value: T) -> Option<String> {
         match drop_in_child(value) {
             (_, Some(e)) => Some(no_fork(&e)),
@@ -218,31 +221,32 @@ impl Pending {
         }
     }
 
-    /// Waits for a child, [`WAIT`] at most; a warning the first time one
-    /// is slower (the child then finishes on its own), or if there was no
-    /// child.
+    /// Waits for a child, [`WAIT`] at most ([`WAIT_HELD_UP`] while an
+    /// earlier child is still held up). Returns a warning if it is slower
+    /// (it then finishes on its own), or if there was no child.
     pub fn wait_for(&mut self, d: Result<Detacher, io::Error>) -> Option<String> {
         let mut d = match d {
             Ok(d) => d,
             Err(e) => return Some(no_fork(&e)),
         };
-        if d.wait(Instant::now() + WAIT) {
+        let bound = if self.any() { WAIT_HELD_UP } else { WAIT };
+        if d.wait(Instant::now() + bound) {
             return None;
         }
         let pid = d.pid().unwrap_or(0);
         self.children.push(d);
-        (!std::mem::replace(&mut self.warned, true)).then(|| {
-            format!(
-                "the kernel has not removed the uprobes within {} s (a grace period is held \
-                 up, docs/disarming.md); mt-agent-detach (pid {pid}) waits for it after the \
-                 agent ends",
-                WAIT.as_secs()
-            )
-        })
+        Some(format!(
+            "the kernel has not removed uprobes within {:.0} s (a grace period is held up, \
+             docs/disarming.md); mt-agent-detach (pid {pid}) finishes it, after the agent \
+             if need be",
+            bound.as_secs_f64()
+        ))
     }
 
-    /// True if a child was slower than [`WAIT`].
-    pub fn any(&self) -> bool {
+    /// True if a child is still held up; reaps those that ended.
+    pub fn any(&mut self) -> bool {
+        let now = Instant::now();
+        self.children.retain_mut(|d| !d.wait(now));
         !self.children.is_empty()
     }
 }

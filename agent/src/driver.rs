@@ -463,22 +463,25 @@ impl Driver {
     }
 
     fn detach_trigger(&mut self, trigger: u32) {
-        let links = self
-            .probes
-            .as_mut()
-            .map(|p| p.take_trigger_links(trigger))
-            .unwrap_or_default();
+        let links = self.probes.as_mut().map_or_else(Vec::new, |p| {
+            // Its calls stop counting now, whatever the detach waits for.
+            let _ = p.disable(trigger);
+            p.take_trigger_links(trigger)
+        });
         self.drop_links(links);
         self.arming.forget(trigger);
     }
 
     fn detach_all(&mut self) {
+        let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
         let links = self.probes.as_mut().map_or_else(Vec::new, |p| {
+            for t in &triggers {
+                let _ = p.disable(*t);
+            }
             p.detach_tracepoints();
             p.take_all_links()
         });
         self.drop_links(links);
-        let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
         for t in triggers {
             self.arming.forget(t);
         }
@@ -1002,7 +1005,7 @@ impl Driver {
 
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
-        if let Some(w) = self.arming.finish(&mut self.detaching) {
+        for w in self.arming.finish(&mut self.detaching) {
             self.setup.reporter.warning(&w);
         }
         self.settle_counters();

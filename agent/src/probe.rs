@@ -143,6 +143,21 @@ impl Probes {
         self.set("CONFIG", trigger, *cfg)
     }
 
+    /// Turns a trigger off in the programs (`CFG_ENABLED` cleared): its
+    /// calls are no longer counted nor accepted. Done before its uprobes
+    /// go, which can take the kernel a while ([`crate::detacher`]).
+    pub fn disable(&mut self, trigger: u32) -> anyhow::Result<()> {
+        let map = self
+            .ebpf
+            .map_mut("CONFIG")
+            .ok_or_else(|| anyhow::anyhow!("CONFIG map missing"))?;
+        let mut config = Array::<_, TriggerConfig>::try_from(map)?;
+        let mut cfg = config.get(&trigger, 0)?;
+        cfg.flags &= !agent_common::CFG_ENABLED;
+        config.set(trigger, cfg, 0)?;
+        Ok(())
+    }
+
     /// Writes entry `index` of the array map `name`.
     fn set<T: aya::Pod>(&mut self, name: &str, index: u32, value: T) -> anyhow::Result<()> {
         let map = self

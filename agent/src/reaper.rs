@@ -26,11 +26,14 @@ use nix::{
     unistd::{Pid, pipe2},
 };
 
-/// How long the child retries the delete: the dying agent's last perf
-/// event on a uprobe event unregisters it, which waits for RCU grace
-/// periods (~0.1 s here); 10 s is far beyond that.
-const RETRIES: u32 = 250;
-const RETRY_NS: libc::c_long = 40_000_000;
+/// How the child retries the delete: the dying agent's last perf event
+/// on a uprobe event unregisters it, which waits for RCU grace periods
+/// (~0.1 s here), so every 40 ms for 10 s; then every second, up to 10
+/// minutes in all, for a grace period held up by a starved CPU (60 s+
+/// seen here, docs/disarming.md).
+const FAST_RETRIES: u32 = 250;
+const RETRIES: u32 = FAST_RETRIES + 590;
+const FAST_RETRY_NS: libc::c_long = 40_000_000;
 
 /// The running reaper. Dropping it (at the end of a run, after the agent
 /// deleted its events itself) lets the child go and waits for it.
@@ -72,7 +75,7 @@ fn reap(read: i32, file: &CString, line: &[u8]) -> ! {
         libc::prctl(libc::PR_SET_NAME, c"mt-agent-reaper".as_ptr());
         ignore_group_signals();
         wait_for_eof(0);
-        for _ in 0..RETRIES {
+        for i in 0..RETRIES {
             let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_APPEND);
             if fd < 0 {
                 break;
@@ -83,9 +86,16 @@ fn reap(read: i32, file: &CString, line: &[u8]) -> ! {
             if n >= 0 || err != libc::EBUSY {
                 break;
             }
-            let t = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: RETRY_NS,
+            let t = if i < FAST_RETRIES {
+                libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: FAST_RETRY_NS,
+                }
+            } else {
+                libc::timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                }
             };
             libc::nanosleep(&t, std::ptr::null_mut());
         }
@@ -119,7 +129,7 @@ pub(crate) fn wait_for_eof(fd: i32) {
 
 impl Reaper {
     /// Lets the child go without waiting for it: it deletes the group when
-    /// the agent's perf events no longer hold it, or gives up after 10 s.
+    /// the agent's perf events no longer hold it (10 minutes at most).
     pub fn let_go(mut self) {
         self.pipe.take();
         // Not waited for: init reaps it once the agent is gone.

@@ -62,8 +62,10 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Makes the switch and arms it.
-    pub fn build(self) -> Result<Switch, String> {
+    /// Makes the switch and arms it. If it cannot be armed, the switch
+    /// goes to `failed`, disarmed: its keepers' last close can wait for
+    /// the kernel, so it is for the caller to drop ([`crate::detacher`]).
+    pub fn build(self, failed: &mut Vec<Switch>) -> Result<Switch, String> {
         let specs: Vec<Spec> = self
             .points
             .iter()
@@ -75,7 +77,10 @@ impl Plan {
             .collect();
         let cookie = u64::from(self.trigger);
         let mut s = Switch::new(self.events.clone(), &self.path, self.pid, cookie, &specs)?;
-        s.arm().map_err(|e| format!("arming: {e}"))?;
+        if let Err(e) = s.arm() {
+            failed.push(s);
+            return Err(format!("arming: {e}"));
+        }
         Ok(s)
     }
 }

@@ -417,3 +417,71 @@ fn a_killed_agent_after_a_rearm_leaves_no_probe_and_no_program() {
     assert_eq!(changes, vec![], "after SIGKILL");
     assert_no_uprobe_events_of(agent.proc.pid());
 }
+
+/// Kills strace on drop.
+struct Strace(std::process::Child);
+
+impl Drop for Strace {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_held_up_detach_does_not_hold_up_the_agents_end() {
+    // The kernel's last close of a uprobe can wait for as long as a CPU's
+    // kworker is starved (60 s+ seen here, docs/disarming.md). strace
+    // stands in for such a kernel: it holds up every close_range of the
+    // agent and of the children it forks (the last closes) for 10 s,
+    // longer than the agent waits for them (5 s, then 1 s).
+    let mut t = Target::start(&target_path("target"), &["calls", "2", "20000"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--cooldown",
+        "5s",
+        "--json",
+    ]);
+    agent.wait_armed();
+    let a = armed_info(&agent);
+    t.go();
+    wait_event(&mut agent, "disarmed");
+    let agent_pid = agent.proc.pid();
+    let strace = Strace(
+        std::process::Command::new("strace")
+            .args(["-f", "-qq", "-e", "trace=close_range"])
+            .args(["-e", "inject=close_range:delay_enter=10000000"])
+            .args(["-p", &agent_pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("strace (cargo xtask setup --with-test-deps installs it)"),
+    );
+    let traced = || status_field(agent_pid, "TracerPid").is_some_and(|p| p.trim() != "0");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !traced() {
+        assert!(std::time::Instant::now() < end, "strace did not attach");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish_checked(FINISH, false);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    // The agent ended while its children still held the probes.
+    let held = processes_named("mt-agent-detach");
+    assert!(!held.is_empty(), "no child held up\n{}", run.output());
+    assert!(
+        run.output().contains("mt-agent-detach (pid"),
+        "no warning\n{}",
+        run.output()
+    );
+    // Once the closes are let through, nothing is left: programs, the
+    // children, the uprobe events (the reaper deletes them), the int3s.
+    drop(strace);
+    assert_nothing_left_within(Duration::from_secs(30), &run.output());
+    assert_no_uprobe_events_of(agent_pid);
+    assert_eq!(code_changes(t.pid(), &a.object), vec![], "after the end");
+}

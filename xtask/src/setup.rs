@@ -10,8 +10,8 @@
 //! * perf (Debian: linux-perf);
 //! * gcc, g++ and binutils (the test crate builds C and C++ programs);
 //! * with `--with-test-deps`: what the tests also use (golang-go, sqlite3,
-//!   debootstrap, systemd, util-linux, libc6-dbg, and chromium: the report's
-//!   page is opened in headless Chromium).
+//!   debootstrap, systemd, util-linux, libc6-dbg, strace, and chromium: the
+//!   report's page is opened in headless Chromium).
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
@@ -36,6 +36,9 @@ const TEST_PACKAGES: &[&str] = &[
     // that the IFUNC tests expect.
     "libc6-dbg",
     "chromium",
+    // strace holds a system call up (fault injection), standing in for a
+    // kernel that holds a uprobe's detach up.
+    "strace",
 ];
 
 /// Runs every step.

@@ -256,39 +256,39 @@ impl Arming {
     }
 
     /// Forgets every trigger, ends the arming thread and waits until what
-    /// it held is detached ([`crate::detacher::WAIT`] at most); a warning to
-    /// print, if any.
-    pub(super) fn finish(&mut self, pending: &mut Pending) -> Option<String> {
+    /// it held is detached ([`crate::detacher::WAIT`] at most); the warnings
+    /// to print.
+    pub(super) fn finish(&mut self, pending: &mut Pending) -> Vec<String> {
         let triggers: Vec<u32> = self.machines.keys().copied().collect();
         for t in triggers {
             self.forget(t);
         }
-        let mut warning = None;
+        let mut warnings = Vec::new();
         if let Some(a) = &mut self.armer {
             let child = a.finish();
             while let Ok(d) = a.rx.try_recv() {
-                if let Done::Detached { per_link_ns, .. } = d {
+                if let Done::Detached {
+                    per_link_ns,
+                    warning,
+                    ..
+                } = d
+                {
                     self.detach_ns.extend(per_link_ns);
+                    warnings.extend(warning);
                 }
             }
-            warning = child.and_then(|c| pending.wait_for(c));
+            warnings.extend(child.and_then(|c| pending.wait_for(c)));
         }
-        if pending.any() {
-            // A perf event still holds the group: the reaper deletes it
-            // once it can (it retries for 10 s); the agent does not wait.
-            self.events.take();
-            if let Some(r) = self.reaper.take() {
-                r.let_go();
-            }
-            return warning;
+        // Every switch's events are closed, unless a child is held up: then
+        // the group is busy, and the reaper deletes it once it can.
+        let deleted = !pending.any() && self.events.take().is_none_or(|e| e.delete_all().is_ok());
+        match self.reaper.take() {
+            // It finds nothing left to delete and ends at once.
+            Some(r) if deleted => drop(r),
+            Some(r) => r.let_go(),
+            None => {}
         }
-        // Every switch's events are closed: the group goes, and the reaper
-        // has nothing left to do.
-        if let Some(e) = self.events.take() {
-            let _ = e.delete_all();
-        }
-        self.reaper.take();
-        warning
+        warnings
     }
 }
 
@@ -472,7 +472,11 @@ impl Driver {
                 Done::Detached {
                     trigger,
                     per_link_ns,
+                    warning,
                 } => {
+                    if let Some(w) = warning {
+                        self.setup.reporter.warning(&w);
+                    }
                     if !per_link_ns.is_empty() {
                         self.arming.detach_batch_ns.push(per_link_ns.iter().sum());
                     }

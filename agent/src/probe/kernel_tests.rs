@@ -707,7 +707,7 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
         pid: std::process::id() as i32,
         points: vec![(std::sync::Arc::new(prog), offset, false)],
     }
-    .build()
+    .build(&mut Vec::new())
     .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     assert_eq!(switch.len(), 1);
     assert_eq!(byte(), 0xcc, "armed: an int3 at the function");
