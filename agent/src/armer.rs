@@ -32,7 +32,7 @@ use aya::programs::uprobe::UProbeLink;
 use nix::sys::eventfd::EventFd;
 
 use crate::{
-    detacher::{self, Detacher, Pending},
+    detacher::{self, Detacher},
     rawprobe::{self, RawLink},
     uprobe_switch::{Plan as SwitchPlan, Switch},
 };
@@ -76,8 +76,6 @@ struct Held {
     /// Switches of triggers that are done (or failed to arm), disarmed;
     /// dropped at the end.
     retired: Vec<Switch>,
-    /// Children making the last close of links this thread detached.
-    pending: Pending,
 }
 
 impl Held {
@@ -91,7 +89,7 @@ impl Held {
                 },
                 None => {
                     let own = self.own.remove(&trigger).unwrap_or_default();
-                    detach(trigger, links, own, &mut self.pending)
+                    detach(trigger, links, own)
                 }
             },
             Work::Attach(plan) => match self.switches.get_mut(&plan.trigger) {
@@ -109,7 +107,7 @@ impl Held {
             }
             Work::Forget(trigger) => {
                 let links = self.own.remove(&trigger).unwrap_or_default();
-                let mut done = detach(trigger, Vec::new(), links, &mut self.pending);
+                let mut done = detach(trigger, Vec::new(), links);
                 if let Some(mut s) = self.switches.remove(&trigger) {
                     if let Done::Detached { per_link_ns, .. } = &mut done {
                         per_link_ns.extend(s.disarm());
@@ -135,7 +133,7 @@ pub enum Done {
         result: Result<usize, String>,
     },
     /// A trigger's links were detached; time per uprobe, ns, and a
-    /// warning to print, if any ([`Pending::wait_for`]).
+    /// warning to print, if any ([`detacher::wait_for`]).
     Detached {
         trigger: u32,
         per_link_ns: Vec<u64>,
@@ -235,7 +233,7 @@ impl Drop for Armer {
 
 /// Detaches links, the last closes in a child ([`crate::detacher`]): the
 /// time each uprobe took, ns (the child's time, shared out).
-fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>, pending: &mut Pending) -> Done {
+fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
     let n = (links.len() + own.len()) as u64;
     if n == 0 {
         return Done::Detached {
@@ -245,7 +243,7 @@ fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>, pending: &mut
         };
     }
     let t = Instant::now();
-    let warning = pending.drop_and_wait((links, own));
+    let warning = detacher::drop_and_wait((links, own));
     let each = t.elapsed().as_nanos() as u64 / n;
     Done::Detached {
         trigger,

@@ -200,55 +200,52 @@ impl Detacher {
 /// [`WAIT`] once per child.
 pub const WAIT_HELD_UP: Duration = Duration::from_secs(1);
 
-/// The children of a run that were slower than their wait, until they end.
-#[derive(Debug, Default)]
-pub struct Pending {
-    children: Vec<Detacher>,
-}
+/// The children that were slower than their wait, until they end: one
+/// list for the process, so that every caller (the driver, the arming
+/// thread) knows the kernel is held up.
+static HELD_UP: Mutex<Vec<Detacher>> = Mutex::new(Vec::new());
 
 fn no_fork(e: &io::Error) -> String {
     format!("cannot fork a child to detach the uprobes ({e}): detached in the agent")
 }
 
-impl Pending {
-    /// Drops `value` on a child's last close ([`drop_in_child`]) and waits
-    /// for the child ([`Self::wait_for`]). Returns a warning to print, if
-    /// any.
-    pub fn drop_and_wait<T>(&mut self, value: T) -> Option<String> {
-        match drop_in_child(value) {
-            (_, Some(e)) => Some(no_fork(&e)),
-            (d, None) => self.wait_for(Ok(d)),
-        }
+/// Drops `value` on a child's last close ([`drop_in_child`]) and waits for
+/// the child ([`wait_for`]). Returns a warning to print, if any.
+pub fn drop_and_wait<T>(value: T) -> Option<String> {
+    match drop_in_child(value) {
+        (_, Some(e)) => Some(no_fork(&e)),
+        (d, None) => wait_for(Ok(d)),
     }
+}
 
-    /// Waits for a child, [`WAIT`] at most ([`WAIT_HELD_UP`] while an
-    /// earlier child is still held up). Returns a warning if it is slower
-    /// (it then finishes on its own), or if there was no child.
-    pub fn wait_for(&mut self, d: Result<Detacher, io::Error>) -> Option<String> {
-        let mut d = match d {
-            Ok(d) => d,
-            Err(e) => return Some(no_fork(&e)),
-        };
-        let bound = if self.any() { WAIT_HELD_UP } else { WAIT };
-        if d.wait(Instant::now() + bound) {
-            return None;
-        }
-        let pid = d.pid().unwrap_or(0);
-        self.children.push(d);
-        Some(format!(
-            "the kernel has not removed uprobes within {:.0} s (a grace period is held up, \
-             docs/disarming.md); mt-agent-detach (pid {pid}) finishes it, after the agent \
-             if need be",
-            bound.as_secs_f64()
-        ))
+/// Waits for a child, [`WAIT`] at most ([`WAIT_HELD_UP`] while an earlier
+/// child is still held up). Returns a warning if it is slower (it then
+/// finishes on its own), or if there was no child.
+pub fn wait_for(d: Result<Detacher, io::Error>) -> Option<String> {
+    let mut d = match d {
+        Ok(d) => d,
+        Err(e) => return Some(no_fork(&e)),
+    };
+    let bound = if held_up() { WAIT_HELD_UP } else { WAIT };
+    if d.wait(Instant::now() + bound) {
+        return None;
     }
+    let pid = d.pid().unwrap_or(0);
+    HELD_UP.lock().unwrap_or_else(|e| e.into_inner()).push(d);
+    Some(format!(
+        "the kernel has not removed uprobes within {:.0} s (a grace period is held up, \
+         docs/disarming.md); mt-agent-detach (pid {pid}) finishes it, after the agent \
+         if need be",
+        bound.as_secs_f64()
+    ))
+}
 
-    /// True if a child is still held up; reaps those that ended.
-    pub fn any(&mut self) -> bool {
-        let now = Instant::now();
-        self.children.retain_mut(|d| !d.wait(now));
-        !self.children.is_empty()
-    }
+/// True if a child is still held up; reaps those that ended.
+pub fn held_up() -> bool {
+    let mut held = HELD_UP.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    held.retain_mut(|d| !d.wait(now));
+    !held.is_empty()
 }
 
 #[cfg(test)]

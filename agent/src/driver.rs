@@ -39,7 +39,7 @@ use crate::{
     caps,
     clock::Now,
     counters::{CounterValues, Counters},
-    detacher::Pending,
+    detacher,
     end::run_end,
     error::Failure,
     output::{Armed, Reporter},
@@ -250,8 +250,6 @@ struct Driver {
     unrecorded: u64,
     extra: u64,
     arming: disarming::Arming,
-    /// Children still making the last close of detached uprobes.
-    detaching: Pending,
 }
 
 impl Driver {
@@ -299,7 +297,6 @@ impl Driver {
             unrecorded: 0,
             extra: 0,
             arming,
-            detaching: Pending::default(),
         })
     }
 
@@ -493,7 +490,7 @@ impl Driver {
         if links.is_empty() {
             return;
         }
-        if let Some(w) = self.detaching.drop_and_wait(links) {
+        if let Some(w) = detacher::drop_and_wait(links) {
             self.setup.reporter.warning(&w);
         }
     }
@@ -1005,7 +1002,7 @@ impl Driver {
 
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
-        for w in self.arming.finish(&mut self.detaching) {
+        for w in self.arming.finish() {
             self.setup.reporter.warning(&w);
         }
         self.settle_counters();

@@ -17,7 +17,7 @@ use super::{Driver, Watch};
 use crate::{
     armer::{ArmPlan, Armer, Done, Point},
     clock::Now,
-    detacher::Pending,
+    detacher,
     disarm::{
         Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS, lead_ns,
         quantile, round_trip_ns,
@@ -258,7 +258,7 @@ impl Arming {
     /// Forgets every trigger, ends the arming thread and waits until what
     /// it held is detached ([`crate::detacher::WAIT`] at most); the warnings
     /// to print.
-    pub(super) fn finish(&mut self, pending: &mut Pending) -> Vec<String> {
+    pub(super) fn finish(&mut self) -> Vec<String> {
         let triggers: Vec<u32> = self.machines.keys().copied().collect();
         for t in triggers {
             self.forget(t);
@@ -277,11 +277,12 @@ impl Arming {
                     warnings.extend(warning);
                 }
             }
-            warnings.extend(child.and_then(|c| pending.wait_for(c)));
+            warnings.extend(child.and_then(detacher::wait_for));
         }
         // Every switch's events are closed, unless a child is held up: then
         // the group is busy, and the reaper deletes it once it can.
-        let deleted = !pending.any() && self.events.take().is_none_or(|e| e.delete_all().is_ok());
+        let deleted =
+            !detacher::held_up() && self.events.take().is_none_or(|e| e.delete_all().is_ok());
         match self.reaper.take() {
             // It finds nothing left to delete and ends at once.
             Some(r) if deleted => drop(r),
