@@ -324,8 +324,9 @@ fn max_rate_disarms_for_its_interval() {
     );
 }
 
-#[test]
-fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
+/// A target calling `trigger` twice, 20 s apart, and an armed agent on it
+/// with `--cooldown COOLDOWN --json`, after its event `event`.
+fn agent_on_calls(cooldown: &str, event: &str) -> (Target, Agent, Armed) {
     let mut t = Target::start(&target_path("target"), &["calls", "2", "20000"]);
     let pid = t.pid().to_string();
     let mut agent = Agent::start(&[
@@ -334,13 +335,19 @@ fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
         "--symbol",
         "trigger",
         "--cooldown",
-        "5s",
+        cooldown,
         "--json",
     ]);
     agent.wait_armed();
     let a = armed_info(&agent);
     t.go();
-    wait_event(&mut agent, "disarmed");
+    wait_event(&mut agent, event);
+    (t, agent, a)
+}
+
+#[test]
+fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
+    let (t, mut agent, a) = agent_on_calls("5s", "disarmed");
     agent.proc.signal(libc::SIGKILL);
     let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
     assert_eq!(status.code(), None);
@@ -385,21 +392,7 @@ fn assert_no_uprobe_events_of(agent_pid: i32) {
 
 #[test]
 fn a_killed_agent_after_a_rearm_leaves_no_probe_and_no_program() {
-    let mut t = Target::start(&target_path("target"), &["calls", "2", "20000"]);
-    let pid = t.pid().to_string();
-    let mut agent = Agent::start(&[
-        "--pid",
-        &pid,
-        "--symbol",
-        "trigger",
-        "--cooldown",
-        "1s",
-        "--json",
-    ]);
-    agent.wait_armed();
-    let a = armed_info(&agent);
-    t.go();
-    wait_event(&mut agent, "rearmed");
+    let (t, mut agent, a) = agent_on_calls("1s", "rearmed");
     agent.proc.signal(libc::SIGKILL);
     let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
     assert_eq!(status.code(), None);
@@ -435,21 +428,7 @@ fn a_held_up_detach_does_not_hold_up_the_agents_end() {
     // stands in for such a kernel: it holds up every close_range of the
     // agent and of the children it forks (the last closes) for 10 s,
     // longer than the agent waits for them (5 s, then 1 s).
-    let mut t = Target::start(&target_path("target"), &["calls", "2", "20000"]);
-    let pid = t.pid().to_string();
-    let mut agent = Agent::start(&[
-        "--pid",
-        &pid,
-        "--symbol",
-        "trigger",
-        "--cooldown",
-        "5s",
-        "--json",
-    ]);
-    agent.wait_armed();
-    let a = armed_info(&agent);
-    t.go();
-    wait_event(&mut agent, "disarmed");
+    let (t, agent, a) = agent_on_calls("5s", "disarmed");
     let agent_pid = agent.proc.pid();
     let strace = Strace(
         std::process::Command::new("strace")
