@@ -216,10 +216,7 @@ impl Armer {
     pub fn finish(&mut self) -> Option<Result<Detacher, std::io::Error>> {
         self.tx.take();
         let held = self.thread.take()?.join().ok()?;
-        Some(match detacher::drop_in_child(held) {
-            (_, Some(e)) => Err(e),
-            (d, None) => Ok(d),
-        })
+        Some(detacher::drop_in_child(held))
     }
 }
 

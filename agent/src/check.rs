@@ -301,7 +301,7 @@ fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
     }
     // The last close in a child, waited for 5 s at most: a held-up grace
     // period must not hang `check` (docs/disarming.md).
-    let _ = detacher::drop_and_wait(probes.take_all_links());
+    let _ = detacher::drop_and_wait(probes.take_trigger_links(0));
     let seen = probes.take_counters().map(|c| c.read(0).seen).unwrap_or(0);
     if seen == 3 {
         r.pass(

@@ -50,7 +50,7 @@ static FORKING: Mutex<()> = Mutex::new(());
 /// A child that makes the last close of what [`drop_in_child`] dropped.
 #[derive(Debug)]
 pub struct Detacher {
-    /// None when the fork failed and the value was dropped here.
+    /// None once it has been reaped.
     pid: Option<Pid>,
     pidfd: Option<OwnedFd>,
 }
@@ -58,26 +58,12 @@ pub struct Detacher {
 /// Drops `value` (uprobe links, perf events) without waiting for the
 /// kernel to unregister its uprobes: see the module's docs. If the fork
 /// fails, drops it here, waiting as before, and says why.
-pub fn drop_in_child<T>(value: T) -> (Detacher, Option<io::Error>) {
+pub fn drop_in_child<T>(value: T) -> io::Result<Detacher> {
     let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
-    match fork_holder() {
-        Ok((pid, go)) => {
-            drop(value);
-            // End of file: the child closes its copies, the last ones.
-            drop(go);
-            (Detacher::of(pid), None)
-        }
-        Err(e) => {
-            drop(value);
-            (
-                Detacher {
-                    pid: None,
-                    pidfd: None,
-                },
-                Some(e),
-            )
-        }
-    }
+    let forked = fork_holder();
+    drop(value);
+    // End of file: the child closes its copies, the last ones.
+    forked.map(|(pid, _go)| Detacher::of(pid))
 }
 
 /// Forks the child; returns its pid and the write end of its pipe, whose
@@ -150,13 +136,13 @@ impl Detacher {
         }
     }
 
-    /// The child's pid, if there is one.
+    /// The child's pid, until it is reaped.
     pub fn pid(&self) -> Option<i32> {
         self.pid.map(Pid::as_raw)
     }
 
     /// Waits until the child has exited (its closes are done), until
-    /// `deadline` at most. True when it is done (or there was no child).
+    /// `deadline` at most. True when it is done.
     pub fn wait(&mut self, deadline: Instant) -> bool {
         let Some(pid) = self.pid else {
             return true;
@@ -212,16 +198,13 @@ fn no_fork(e: &io::Error) -> String {
 /// Drops `value` on a child's last close ([`drop_in_child`]) and waits for
 /// the child ([`wait_for`]). Returns a warning to print, if any.
 pub fn drop_and_wait<T>(value: T) -> Option<String> {
-    match drop_in_child(value) {
-        (_, Some(e)) => Some(no_fork(&e)),
-        (d, None) => wait_for(Ok(d)),
-    }
+    wait_for(drop_in_child(value))
 }
 
 /// Waits for a child, [`WAIT`] at most ([`WAIT_HELD_UP`] while an earlier
 /// child is still held up). Returns a warning if it is slower (it then
 /// finishes on its own), or if there was no child.
-pub fn wait_for(d: Result<Detacher, io::Error>) -> Option<String> {
+pub fn wait_for(d: io::Result<Detacher>) -> Option<String> {
     let mut d = match d {
         Ok(d) => d,
         Err(e) => return Some(no_fork(&e)),
@@ -254,8 +237,7 @@ mod tests {
 
     #[test]
     fn a_child_with_nothing_to_close_ends_at_once() {
-        let (mut d, err) = drop_in_child(());
-        assert!(err.is_none(), "{err:?}");
+        let mut d = drop_in_child(()).expect("fork");
         let pid = d.pid().expect("a child");
         assert!(d.wait(Instant::now() + Duration::from_secs(10)));
         assert!(

@@ -28,7 +28,10 @@ use std::{
 };
 
 use agent_common::{Exec, HIT_AT_RETURN, Hit};
-use aya::maps::{MapData, RingBuf};
+use aya::{
+    maps::{MapData, RingBuf},
+    programs::uprobe::UProbeLink,
+};
 use nix::sys::{
     epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout},
     eventfd::{EfdFlags, EventFd},
@@ -460,33 +463,40 @@ impl Driver {
     }
 
     fn detach_trigger(&mut self, trigger: u32) {
-        let links = self.probes.as_mut().map_or_else(Vec::new, |p| {
-            // Its calls stop counting now, whatever the detach waits for.
-            let _ = p.disable(trigger);
-            p.take_trigger_links(trigger)
-        });
+        let links = self.take_for_detach(&[trigger]);
         self.drop_links(links);
         self.arming.forget(trigger);
     }
 
     fn detach_all(&mut self) {
         let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
-        let links = self.probes.as_mut().map_or_else(Vec::new, |p| {
-            for t in &triggers {
-                let _ = p.disable(*t);
-            }
+        let links = self.take_for_detach(&triggers);
+        if let Some(p) = self.probes.as_mut() {
             p.detach_tracepoints();
-            p.take_all_links()
-        });
+        }
         self.drop_links(links);
         for t in triggers {
             self.arming.forget(t);
         }
     }
 
+    /// Turns the triggers off in the programs (their calls stop counting
+    /// now, whatever the detach waits for) and takes their uprobe links.
+    fn take_for_detach(&mut self, triggers: &[u32]) -> Vec<UProbeLink> {
+        let Some(p) = self.probes.as_mut() else {
+            return Vec::new();
+        };
+        let mut links = Vec::new();
+        for t in triggers {
+            let _ = p.disable(*t);
+            links.extend(p.take_trigger_links(*t));
+        }
+        links
+    }
+
     /// Detaches uprobe links, the kernel's wait in a child
     /// ([`crate::detacher`]): the driver waits for it a bounded time.
-    fn drop_links(&mut self, links: Vec<aya::programs::uprobe::UProbeLink>) {
+    fn drop_links(&mut self, links: Vec<UProbeLink>) {
         if links.is_empty() {
             return;
         }

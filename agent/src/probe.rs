@@ -147,15 +147,18 @@ impl Probes {
     /// calls are no longer counted nor accepted. Done before its uprobes
     /// go, which can take the kernel a while ([`crate::detacher`]).
     pub fn disable(&mut self, trigger: u32) -> anyhow::Result<()> {
+        let mut cfg: TriggerConfig = self.get("CONFIG", trigger)?;
+        cfg.flags &= !agent_common::CFG_ENABLED;
+        self.set("CONFIG", trigger, cfg)
+    }
+
+    /// Reads entry `index` of the array map `name`.
+    fn get<T: aya::Pod>(&self, name: &str, index: u32) -> anyhow::Result<T> {
         let map = self
             .ebpf
-            .map_mut("CONFIG")
-            .ok_or_else(|| anyhow::anyhow!("CONFIG map missing"))?;
-        let mut config = Array::<_, TriggerConfig>::try_from(map)?;
-        let mut cfg = config.get(&trigger, 0)?;
-        cfg.flags &= !agent_common::CFG_ENABLED;
-        config.set(trigger, cfg, 0)?;
-        Ok(())
+            .map(name)
+            .ok_or_else(|| anyhow::anyhow!("{name} map missing"))?;
+        Ok(Array::<_, T>::try_from(map)?.get(&index, 0)?)
     }
 
     /// Writes entry `index` of the array map `name`.
@@ -285,11 +288,7 @@ impl Probes {
     /// The settings of `trigger` in CONFIG now (`mt_exit` writes them too).
     #[cfg(test)]
     pub fn config(&self, trigger: u32) -> TriggerConfig {
-        self.ebpf
-            .map("CONFIG")
-            .and_then(|m| Array::<_, TriggerConfig>::try_from(m).ok())
-            .and_then(|a| a.get(&trigger, 0).ok())
-            .expect("CONFIG entry")
+        self.get("CONFIG", trigger).expect("CONFIG entry")
     }
 
     /// Whether process `pid` is in `FOLLOWED` now.
@@ -328,17 +327,6 @@ impl Probes {
             }
         }
         taken
-    }
-
-    /// Takes every uprobe link out of the programs, without detaching
-    /// them (see [`Self::take_trigger_links`]).
-    pub fn take_all_links(&mut self) -> Vec<UProbeLink> {
-        let triggers: std::collections::BTreeSet<u32> =
-            self.links.iter().map(|(_, t, _)| *t).collect();
-        triggers
-            .into_iter()
-            .flat_map(|t| self.take_trigger_links(t))
-            .collect()
     }
 
     /// Detaches the exec, fork and exit tracepoints (no grace period is

@@ -345,12 +345,17 @@ fn agent_on_calls(cooldown: &str, event: &str) -> (Target, Agent, Armed) {
     (t, agent, a)
 }
 
-#[test]
-fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
-    let (t, mut agent, a) = agent_on_calls("5s", "disarmed");
+/// SIGKILLs the agent and waits for it to die.
+fn sigkill(agent: &mut Agent) {
     agent.proc.signal(libc::SIGKILL);
     let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
     assert_eq!(status.code(), None);
+}
+
+#[test]
+fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
+    let (t, mut agent, a) = agent_on_calls("5s", "disarmed");
+    sigkill(&mut agent);
     assert_no_programs_loaded("after SIGKILL of a disarmed agent");
     assert_eq!(code_changes(t.pid(), &a.object), vec![], "after SIGKILL");
     assert_no_uprobe_events_of(agent.proc.pid());
@@ -373,17 +378,7 @@ fn assert_no_uprobe_events_of(agent_pid: i32) {
     );
     // The reaper exits once it has deleted them (tests run one at a
     // time, so a reaper here is this agent's).
-    let reapers = || {
-        fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| {
-                fs::read_to_string(e.path().join("comm"))
-                    .is_ok_and(|c| c.trim() == "mt-agent-reaper")
-            })
-            .count()
-    };
+    let reapers = || processes_named("mt-agent-reaper").len();
     while reapers() > 0 && std::time::Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -393,9 +388,7 @@ fn assert_no_uprobe_events_of(agent_pid: i32) {
 #[test]
 fn a_killed_agent_after_a_rearm_leaves_no_probe_and_no_program() {
     let (t, mut agent, a) = agent_on_calls("1s", "rearmed");
-    agent.proc.signal(libc::SIGKILL);
-    let status = agent.proc.wait(Duration::from_secs(5)).expect("agent dies");
-    assert_eq!(status.code(), None);
+    sigkill(&mut agent);
     // The probes the arming thread attached go with the agent's fds.
     assert_no_programs_loaded("after SIGKILL of a re-armed agent");
     let end = std::time::Instant::now() + Duration::from_secs(10);

@@ -264,12 +264,7 @@ fn only_the_target_pays() {
     let other_pid = other.pid();
     let mut t = Target::start(&offcpu(), &["blocked", "3"]);
     let before = switches(other_pid);
-    let pid = t.pid().to_string();
-    let mut args = vec!["--pid", pid.as_str(), "--json"];
-    args.extend_from_slice(BLOCKED_CALL);
-    let mut agent = Agent::start(&args);
-    agent.wait_armed();
-    t.go();
+    let agent = armed_on_blocked(&mut t);
     t.wait(Duration::from_secs(60));
     let during = switches(other_pid) - before;
     assert!(
@@ -335,14 +330,21 @@ fn alive(pid: i32) -> bool {
 /// its go and has taken two snapshots.
 fn two_snapshots_in() -> (Target, Agent) {
     let mut t = Target::start(&offcpu(), &["blocked", "200"]);
+    let agent = armed_on_blocked(&mut t);
+    wait_snapshots(&agent, 2);
+    (t, agent)
+}
+
+/// `mt-agent --pid T --json` with [`BLOCKED_CALL`], armed; `t` has had its
+/// go.
+fn armed_on_blocked(t: &mut Target) -> Agent {
     let pid = t.pid().to_string();
     let mut args = vec!["--pid", pid.as_str(), "--json"];
     args.extend_from_slice(BLOCKED_CALL);
     let mut agent = Agent::start(&args);
     agent.wait_armed();
     t.go();
-    wait_snapshots(&agent, 2);
-    (t, agent)
+    agent
 }
 
 #[test]
