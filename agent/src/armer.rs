@@ -25,16 +25,19 @@ use std::{
     path::PathBuf,
     sync::{Arc, mpsc},
     thread::JoinHandle,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use aya::programs::uprobe::UProbeLink;
 use nix::sys::eventfd::EventFd;
 
 use crate::{
+    clock::monotonic_ns,
     detacher::{self, Detacher},
+    disarm::{RECENT, quantile},
     rawprobe::{self, RawLink},
     uprobe_switch::{Plan as SwitchPlan, Switch},
+    warmer::{self, Warmer},
 };
 
 /// One uprobe to attach.
@@ -52,6 +55,10 @@ pub struct ArmPlan {
     pub path: PathBuf,
     pub pid: i32,
     pub points: Vec<Point>,
+    /// When the probes should be in (the cooldown's end),
+    /// CLOCK_MONOTONIC ns. A switch is armed then, after a warm-up
+    /// ([`crate::warmer`]); other probes are attached at once.
+    pub at_ns: u64,
 }
 
 enum Work {
@@ -76,7 +83,35 @@ struct Held {
     /// Switches of triggers that are done (or failed to arm), disarmed;
     /// dropped at the end.
     retired: Vec<Switch>,
+    /// The warm-up uprobe, made with the first switch (None: it could not
+    /// be, or no switch yet).
+    warmer: Option<Warmer>,
+    warmer_tried: bool,
+    /// A warm-up failed: arms are made at once from then on. The warmer
+    /// is kept (its keeper's last close is the detacher child's).
+    warm_failed: bool,
+    /// Switches warmed up for, waiting for their moment.
+    timed: Vec<Timed>,
+    /// How long the recent arms took once warm, ns.
+    warm_arms: Vec<u64>,
 }
+
+/// A switch to arm at `at_ns` (CLOCK_MONOTONIC), whose warm-up took
+/// `warm_ns`.
+struct Timed {
+    trigger: u32,
+    at_ns: u64,
+    warm_ns: u64,
+}
+
+/// Until measured, how long an arm takes once warm, ns (25 µs-1 ms here,
+/// docs/disarming.md).
+const PRIOR_WARM_ARM_NS: u64 = 500_000;
+
+/// The quantile of the recent warm arms that sets how early an arm starts:
+/// most land just before the cooldown's end, where a call still traps but
+/// the kernel's cooldown drops it.
+const ARM_LEAD_QUANTILE: f64 = 0.75;
 
 impl Held {
     fn work(&mut self, w: Work) -> Option<Done> {
@@ -92,11 +127,16 @@ impl Held {
                     detach(trigger, links, own)
                 }
             },
-            Work::Attach(plan) => match self.switches.get_mut(&plan.trigger) {
-                Some(s) => arm(plan.trigger, s),
-                None => attach(plan, &mut self.own),
-            },
+            Work::Attach(plan) => {
+                if self.switches.contains_key(&plan.trigger) {
+                    return self.arm_at(plan.trigger, plan.at_ns);
+                }
+                attach(plan, &mut self.own)
+            }
             Work::SetUp(plan) => {
+                if !std::mem::replace(&mut self.warmer_tried, true) {
+                    self.warmer = Warmer::new(plan.events.clone()).ok();
+                }
                 let trigger = plan.trigger;
                 let result = plan.build(&mut self.retired).map(|s| {
                     let n = s.len();
@@ -106,6 +146,7 @@ impl Held {
                 Done::SetUp { trigger, result }
             }
             Work::Forget(trigger) => {
+                self.timed.retain(|t| t.trigger != trigger);
                 let links = self.own.remove(&trigger).unwrap_or_default();
                 let mut done = detach(trigger, Vec::new(), links);
                 if let Some(mut s) = self.switches.remove(&trigger) {
@@ -120,6 +161,76 @@ impl Held {
                 done
             }
         })
+    }
+
+    /// Arms a trigger's switch at `at_ns`: warms up now and waits
+    /// ([`Held::step`]) if that is far enough off, else arms at once.
+    fn arm_at(&mut self, trigger: u32, at_ns: u64) -> Option<Done> {
+        let now = monotonic_ns();
+        if let Some(w) = self.warmer.as_mut().filter(|_| !self.warm_failed)
+            && at_ns > now + warmer::WARM_IF_AHEAD_NS
+        {
+            match w.warm() {
+                Ok(warm_ns) => {
+                    self.timed.push(Timed {
+                        trigger,
+                        at_ns,
+                        warm_ns,
+                    });
+                    return None;
+                }
+                // Arms as they were without it, from now on (the driver
+                // hears `warmed: false` and leads as before).
+                Err(_) => self.warm_failed = true,
+            }
+        }
+        let s = self.switches.get_mut(&trigger)?;
+        Some(arm(trigger, s, None))
+    }
+
+    /// How early to start a warm arm, ns.
+    fn arm_lead(&self) -> u64 {
+        quantile(&self.warm_arms, ARM_LEAD_QUANTILE).unwrap_or(PRIOR_WARM_ARM_NS)
+    }
+
+    /// When [`Held::step`] has work next, CLOCK_MONOTONIC ns.
+    fn deadline(&self) -> Option<u64> {
+        let first = self.timed.iter().map(|t| t.at_ns).min()?;
+        let arm = first.saturating_sub(self.arm_lead());
+        Some(match &self.warmer {
+            Some(w) => arm.min(w.next_ns()),
+            None => arm,
+        })
+    }
+
+    /// At `now_ns`: arms the timed switches whose moment has come, and
+    /// keeps the kernel warm for the others.
+    fn step(&mut self, now_ns: u64) -> Vec<Done> {
+        let lead = self.arm_lead();
+        let (due, wait): (Vec<Timed>, Vec<Timed>) = std::mem::take(&mut self.timed)
+            .into_iter()
+            .partition(|t| t.at_ns <= now_ns + lead);
+        self.timed = wait;
+        let mut done = Vec::new();
+        for t in due {
+            let Some(s) = self.switches.get_mut(&t.trigger) else {
+                continue;
+            };
+            let d = arm(t.trigger, s, Some(t.warm_ns));
+            if let Done::Attached { took_ns, .. } = &d {
+                self.warm_arms.push(took_ns - t.warm_ns);
+                let n = self.warm_arms.len();
+                self.warm_arms.drain(..n.saturating_sub(RECENT));
+            }
+            done.push(d);
+        }
+        if let Some(w) = &mut self.warmer
+            && !self.timed.is_empty()
+            && w.due(now_ns)
+        {
+            let _ = w.warm();
+        }
+        done
     }
 }
 
@@ -140,12 +251,14 @@ pub enum Done {
         warning: Option<String>,
     },
     /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
-    /// `at_ns`, after `took_ns`.
+    /// `at_ns`, after `took_ns` of work: the attach, and the warm-up before
+    /// it if `warmed` ([`crate::warmer`]; not the wait between the two).
     Attached {
         trigger: u32,
         result: Result<(), String>,
         at_ns: u64,
         took_ns: u64,
+        warmed: bool,
     },
 }
 
@@ -165,8 +278,10 @@ impl Armer {
             .name("mt-armer".into())
             .spawn(move || {
                 let mut held = Held::default();
-                for w in work {
-                    if let Some(d) = held.work(w) {
+                while let Some(w) = next_work(&work, held.deadline()) {
+                    let mut out: Vec<Done> = w.and_then(|w| held.work(w)).into_iter().collect();
+                    out.extend(held.step(monotonic_ns()));
+                    for d in out {
                         let _ = done.send(d);
                         let _ = wake.write(1);
                     }
@@ -228,6 +343,20 @@ impl Drop for Armer {
     }
 }
 
+/// The next piece of work, or Some(None) at `deadline` (CLOCK_MONOTONIC
+/// ns); None once the driver is gone.
+fn next_work(work: &mpsc::Receiver<Work>, deadline: Option<u64>) -> Option<Option<Work>> {
+    let Some(at) = deadline else {
+        return work.recv().ok().map(Some);
+    };
+    let wait = Duration::from_nanos(at.saturating_sub(monotonic_ns()));
+    match work.recv_timeout(wait) {
+        Ok(w) => Some(Some(w)),
+        Err(mpsc::RecvTimeoutError::Timeout) => Some(None),
+        Err(mpsc::RecvTimeoutError::Disconnected) => None,
+    }
+}
+
 /// Detaches links, the last closes in a child ([`crate::detacher`]): the
 /// time each uprobe took, ns (the child's time, shared out).
 fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
@@ -249,7 +378,8 @@ fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
     }
 }
 
-fn arm(trigger: u32, s: &mut Switch) -> Done {
+/// Arms a switch; `warm_ns`: the warm-up's time, if there was one.
+fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>) -> Done {
     let t = Instant::now();
     let result = s
         .arm()
@@ -257,8 +387,9 @@ fn arm(trigger: u32, s: &mut Switch) -> Done {
     Done::Attached {
         trigger,
         result,
-        at_ns: crate::clock::monotonic_ns(),
-        took_ns: t.elapsed().as_nanos() as u64,
+        at_ns: monotonic_ns(),
+        took_ns: t.elapsed().as_nanos() as u64 + warm_ns.unwrap_or(0),
+        warmed: warm_ns.is_some(),
     }
 }
 
@@ -292,7 +423,8 @@ fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {
     Done::Attached {
         trigger: plan.trigger,
         result,
-        at_ns: crate::clock::monotonic_ns(),
+        at_ns: monotonic_ns(),
         took_ns: t.elapsed().as_nanos() as u64,
+        warmed: false,
     }
 }

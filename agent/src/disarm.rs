@@ -31,6 +31,13 @@ pub struct DisarmSummary {
     /// How late the re-arm was against the cooldown's end, µs (p50, p99).
     pub rearm_late_us_p50: Option<f64>,
     pub rearm_late_us_p99: Option<f64>,
+    /// How early the re-arm was against the cooldown's end, µs (p50,
+    /// p99): calls then trap and the kernel's cooldown drops them.
+    pub rearm_early_us_p50: Option<f64>,
+    pub rearm_early_us_p99: Option<f64>,
+    /// Re-arms after a warm-up that took the kernel's grace period ahead
+    /// of time ([`crate::warmer`]), over triggers.
+    pub warmed_arms: u64,
     /// Time to detach one uprobe (arming thread), µs (p50, p99).
     pub detach_us_p50: Option<f64>,
     pub detach_us_p99: Option<f64>,
@@ -71,6 +78,8 @@ pub struct DisarmStats {
     pub disarmed_ns: u64,
     /// For each re-arm: how late it was against the cooldown's end, ns.
     pub rearm_late_ns: Vec<u64>,
+    /// For each re-arm: how early it was, ns.
+    pub rearm_early_ns: Vec<u64>,
     /// Accepted hits after which the probes stayed in: a detach and an
     /// attach would not have fit in what was left of the cooldown.
     pub kept_armed: u64,
@@ -188,6 +197,7 @@ impl Disarm {
         };
         self.stats.disarmed_ns += now_ns.saturating_sub(since);
         self.stats.rearm_late_ns.push(now_ns.saturating_sub(until));
+        self.stats.rearm_early_ns.push(until.saturating_sub(now_ns));
         self.state = State::Armed;
         match next {
             Some(end) if end > now_ns.saturating_add(self.min_gap_ns) => {
@@ -278,6 +288,23 @@ pub fn lead_ns(recent: &[u64], cooldown_ns: u64) -> u64 {
         .min(cooldown_ns / 2)
 }
 
+/// What a warm-up's lead adds to the slowest recent one, ns: a tick
+/// (4 ms at HZ=250), the step in which grace periods end here.
+pub const WARM_MARGIN_NS: u64 = 4_000_000;
+
+/// How early to ask for a switch's warmed-up arm ([`crate::warmer`]): the
+/// slowest of the recent warm-ups and arms (`recent`, ns; as in
+/// [`lead_ns`]) plus [`WARM_MARGIN_NS`], at most half the cooldown. A lead
+/// too long costs the arming thread a warm-up a millisecond, not the
+/// target a trap: the arm waits for the cooldown's end.
+pub fn warm_lead_ns(recent: &[u64], cooldown_ns: u64) -> u64 {
+    let mut v = recent.to_vec();
+    if v.len() < RECENT {
+        v.push(PRIOR_ATTACH_NS);
+    }
+    (quantile(&v, 1.0).unwrap_or(PRIOR_ATTACH_NS) + WARM_MARGIN_NS).min(cooldown_ns / 2)
+}
+
 /// The `q` quantile (0..=1) of `v`, nearest rank; None when empty.
 pub fn quantile(v: &[u64], q: f64) -> Option<u64> {
     if v.is_empty() {
@@ -294,6 +321,7 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000_000_000;
 
     fn rearm(d: &mut Disarm, at: u64) -> Action {
         d.rearming();
@@ -436,6 +464,41 @@ mod tests {
             7 + PRIOR_ATTACH_NS
         );
         assert_eq!(round_trip_ns(&[5], &[3, 1, 2], PRIOR_DETACH_NS), 7);
+    }
+
+    #[test]
+    fn a_warm_lead_covers_the_slowest_recent_warm_up() {
+        // Until RECENT are measured, the prior counts as one of them.
+        assert_eq!(warm_lead_ns(&[], SEC), PRIOR_ATTACH_NS + WARM_MARGIN_NS);
+        assert_eq!(
+            warm_lead_ns(&[30 * MS], SEC),
+            30 * MS + WARM_MARGIN_NS,
+            "a slower one than the prior"
+        );
+        let recent = [
+            9 * MS,
+            13 * MS,
+            16 * MS,
+            12 * MS,
+            8 * MS,
+            9 * MS,
+            13 * MS,
+            12 * MS,
+        ];
+        assert_eq!(warm_lead_ns(&recent, SEC), 16 * MS + WARM_MARGIN_NS);
+        assert_eq!(warm_lead_ns(&recent, 20 * MS), 10 * MS, "half the cooldown");
+    }
+
+    #[test]
+    fn a_rearm_records_how_early_or_late_it_was() {
+        let mut d = Disarm::new(100 * MS, MS);
+        d.on_hit(0, 0);
+        rearm(&mut d, 99 * MS);
+        d.on_hit(100 * MS, 100 * MS);
+        rearm(&mut d, 200 * MS + 300_000);
+        let s = d.stats_at(300 * MS);
+        assert_eq!(s.rearm_early_ns, vec![MS, 0]);
+        assert_eq!(s.rearm_late_ns, vec![0, 300_000]);
     }
 
     #[test]

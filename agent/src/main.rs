@@ -66,6 +66,7 @@ mod unwind;
 mod uprobe_events;
 mod uprobe_switch;
 mod version;
+mod warmer;
 
 use std::{sync::Arc, time::Instant};
 

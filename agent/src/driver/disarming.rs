@@ -20,7 +20,7 @@ use crate::{
     detacher,
     disarm::{
         Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS, lead_ns,
-        quantile, round_trip_ns,
+        quantile, round_trip_ns, warm_lead_ns,
     },
     error::Failure,
     output::Reporter,
@@ -63,6 +63,11 @@ pub(super) struct Arming {
     pending: HashMap<u32, (usize, i32, Duration)>,
     /// The fall-back to the slow way was reported.
     warned: bool,
+    /// Whether the switches' arms are warmed up ([`crate::warmer`]), as
+    /// the last one said; None until then.
+    warming: Option<bool>,
+    /// Re-arms after a warm-up.
+    warmed_arms: u64,
 }
 
 /// A trigger's uprobes: (program, file offset, uretprobe).
@@ -200,9 +205,15 @@ impl Arming {
         }
     }
 
+    /// How early to ask for a trigger's attach, ns.
     fn lead(&self, trigger: u32) -> u64 {
         let recent = &self.attach_ns[self.attach_ns.len().saturating_sub(RECENT)..];
-        lead_ns(recent, self.cooldowns.get(&trigger).copied().unwrap_or(0))
+        let cooldown = self.cooldowns.get(&trigger).copied().unwrap_or(0);
+        if self.switched.contains(&trigger) && self.warming != Some(false) {
+            warm_lead_ns(recent, cooldown)
+        } else {
+            lead_ns(recent, cooldown)
+        }
     }
 
     /// When the next attach must be asked for, CLOCK_MONOTONIC ns.
@@ -223,16 +234,20 @@ impl Arming {
                 "uprobe_events"
             });
         }
-        let mut late = Vec::new();
+        let (mut late, mut early) = (Vec::new(), Vec::new());
         for m in self.machines.values() {
             let st = m.stats_at(now_ns);
             s.cycles += st.cycles;
             s.kept_armed += st.kept_armed;
             s.disarmed_s += st.disarmed_ns as f64 / 1e9;
             late.extend(st.rearm_late_ns);
+            early.extend(st.rearm_early_ns);
         }
         s.rearm_late_us_p50 = us(quantile(&late, 0.5));
         s.rearm_late_us_p99 = us(quantile(&late, 0.99));
+        s.rearm_early_us_p50 = us(quantile(&early, 0.5));
+        s.rearm_early_us_p99 = us(quantile(&early, 0.99));
+        s.warmed_arms = self.warmed_arms;
         s.detach_us_p50 = us(quantile(&self.detach_ns, 0.5));
         s.detach_us_p99 = us(quantile(&self.detach_ns, 0.99));
         s.attach_us_p50 = us(quantile(&self.attach_ns, 0.5));
@@ -454,11 +469,13 @@ impl Driver {
             let prog = self.arming.program(name, self.probes.as_ref()?)?;
             out.push(Point { prog, offset, ret });
         }
+        let at_ns = self.arming.machines.get(&trigger)?.rearm_at(0)?;
         Some(ArmPlan {
             trigger,
             path: plan.path,
             pid,
             points: out,
+            at_ns,
         })
     }
 
@@ -498,7 +515,14 @@ impl Driver {
                     result,
                     at_ns,
                     took_ns,
-                } => self.attached(trigger, result, at_ns, took_ns),
+                    warmed,
+                } => {
+                    if self.arming.switched.contains(&trigger) {
+                        self.arming.warming = Some(warmed);
+                    }
+                    self.arming.warmed_arms += u64::from(warmed);
+                    self.attached(trigger, result, at_ns, took_ns)
+                }
             }
         }
     }

@@ -735,6 +735,63 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn a_warm_up_changes_no_code_and_its_event_goes_with_it() {
+    use crate::{
+        uprobe_events::{self, Events},
+        uprobe_switch::Plan,
+        warmer::Warmer,
+    };
+    let _one = serial();
+    let mut t = Traced::one(mt_kernel_test_second, Filters::default());
+    // The switch is the function's only uprobe.
+    drop(t.probes.take_trigger_links(0));
+    let events = std::sync::Arc::new(Events::new(
+        uprobe_events::tracefs().expect("tracefs ({ROOT})"),
+    ));
+    let listing = || std::fs::read_to_string(events.uprobe_events()).expect("read uprobe_events");
+    let mut warmer = Warmer::new(events.clone()).unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let memfd = format!("/proc/{}/fd/", std::process::id());
+    assert!(
+        listing().contains(&format!("{}/", events.group())) && listing().contains(&memfd),
+        "the warm-up event is on the agent's memfd: {}",
+        listing()
+    );
+    let (path, offset) = location(mt_kernel_test_second);
+    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
+    let code = mt_kernel_test_second as Probed as usize as *const u8;
+    // SAFETY: as in the switch test above.
+    let byte = || unsafe { std::ptr::read_volatile(code) };
+    let original = byte();
+    let mut switch = Plan {
+        events: events.clone(),
+        trigger: 0,
+        path,
+        pid: std::process::id() as i32,
+        points: vec![(std::sync::Arc::new(prog), offset, false)],
+    }
+    .build(&mut Vec::new())
+    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    warmer.warm().unwrap_or_else(|e| panic!("warm-up: {e}"));
+    assert_eq!(byte(), 0xcc, "a warm-up leaves an armed switch in");
+    switch.disarm();
+    assert_ne!(byte(), 0xcc, "disarmed");
+    warmer.warm().unwrap_or_else(|e| panic!("warm-up: {e}"));
+    assert_eq!(byte(), original, "a warm-up puts no breakpoint in");
+    switch
+        .arm()
+        .unwrap_or_else(|e| panic!("arm after a warm-up: {e}"));
+    assert_eq!(byte(), 0xcc, "armed after a warm-up");
+    drop(switch);
+    drop(warmer);
+    assert!(
+        !listing().contains(&format!("{}/", events.group())),
+        "the warm-up event is deleted with it: {}",
+        listing()
+    );
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
 fn the_target_counts_without_a_followed_entry_until_it_exits() {
     let _one = serial();
     let me = std::process::id() as i32;
