@@ -852,42 +852,51 @@ impl Driver {
                 off_cpu: None,
             };
             let key = (hit.trigger, hit.tgid as i32);
-            match self.by_target.get(&key).copied() {
+            let delivered = match self.by_target.get(&key).copied() {
                 // Ready: the state machine takes it (while stopping, it goes
                 // into the tail).
                 Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::ready) => {
-                    self.deliver(slot, ih, now);
+                    self.deliver(slot, &ih, now)
                 }
                 // perf is starting: nothing records this process yet.
-                Some(_) => self.unrecorded += 1,
+                Some(_) => {
+                    self.unrecorded += 1;
+                    false
+                }
                 // A process forked (without exec) from a recorded one: the
                 // ancestor's perf follows it already (`perf record -p`
                 // inherits into children), so its hit switches that perf,
                 // and the process gets no perf of its own.
-                None if let Some(slot) = self.follower_slot(key) => self.deliver(slot, ih, now),
+                None if let Some(slot) = self.follower_slot(key) => self.deliver(slot, &ih, now),
                 _ => {
                     self.unrecorded += 1;
                     // A process of a traced executable that we did not see
                     // exec, with no recorded ancestor: record it from now on.
                     self.maybe_track(hit.tgid as i32);
+                    false
                 }
-            }
-            // perf has its signal: now the probes may go.
+            };
+            // perf has its signal: now the probes may go, before the hit's
+            // line is written (a reader that the write wakes could take this
+            // CPU, with the probes still in: docs/disarming.md).
             self.disarm_after_hit(hit.trigger, hit.ktime_ns);
+            if delivered {
+                self.setup.reporter.hit(&ih);
+            }
         }
     }
 
-    /// Hands a hit to a ready recorder: perf is signalled first, the hit
-    /// reported after.
-    fn deliver(&mut self, slot: usize, ih: IndexedHit, now: Now) {
+    /// Hands a hit to a ready recorder, which signals perf; the caller
+    /// reports it. Returns true.
+    fn deliver(&mut self, slot: usize, ih: &IndexedHit, now: Now) -> bool {
         let feedback = self.slots[slot]
             .as_mut()
             .map(|r| r.on_hit(ih.clone(), now))
             .unwrap_or_default();
-        self.setup.reporter.hit(&ih);
         if feedback.limit_reached {
             self.limit_reached(slot);
         }
+        true
     }
 
     fn read_execs(&mut self) {

@@ -333,7 +333,8 @@ pub struct PerfProcess {
 
 /// The perf command of [`PerfProcess::spawn`]: its arguments, a cleared
 /// environment, its own process group, and between fork and exec the
-/// control fds kept open, SIGUSR2 ignored and `PR_SET_PDEATHSIG`.
+/// control fds kept open, SIGUSR2 ignored, `PR_SET_PDEATHSIG` and
+/// `SCHED_BATCH` ([`batch`]).
 fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command {
     let parent = nix::unistd::getpid();
     let mut cmd = command(&spec.perf);
@@ -347,8 +348,8 @@ fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command 
             cmd.env(key, v);
         }
     }
-    // SAFETY: only async-signal-safe calls (fcntl, signal, prctl,
-    // getppid) run between fork and exec.
+    // SAFETY: only async-signal-safe calls (fcntl, signal,
+    // sched_setscheduler, prctl, getppid) run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             for fd in [ctl_child, ack_child] {
@@ -357,6 +358,7 @@ fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command 
                 }
             }
             libc::signal(libc::SIGUSR2, libc::SIG_IGN);
+            batch();
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) == -1 {
                 return Err(io::Error::last_os_error());
             }
@@ -368,6 +370,24 @@ fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command 
         });
     }
     cmd
+}
+
+/// Puts the calling process (perf, before its exec; its threads inherit
+/// it) under `SCHED_BATCH`: the same share of the CPU as before, but its
+/// wake-ups do not preempt the running task (`check_preempt_wakeup_fair()`
+/// in kernel/sched/fair.c; sched(7)). perf wakes at each hit's SIGUSR2, and
+/// it used to take the driver's CPU for its ~5 ms of switch-output work
+/// right after the `kill()`, before the driver could have the trigger's
+/// probes taken out: the target trapped meanwhile (docs/disarming.md). A
+/// hit's wake-up of the driver still preempts perf. Best effort: a failure
+/// leaves perf as it was.
+fn batch() {
+    // SAFETY: sched_param is plain data; all-zero is a valid value (the
+    // only priority SCHED_BATCH takes). pid 0 is the calling process.
+    unsafe {
+        let param: libc::sched_param = std::mem::zeroed();
+        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+    }
 }
 
 impl PerfProcess {

@@ -1051,26 +1051,34 @@ fn print_storm_disarming(r: &Value) {
         .find(|w| w["setup"] == "none")
         .and_then(|w| w["calls_per_s"].as_f64());
     println!(
-        "\n| setup | calls/s | ÷ none | accepted hits | disarm cycles / kept armed | re-arm late p50 / p99 (µs) | detach / attach p50 (µs) | agent CPU | hit → kill() p50 / p99 (µs) |"
+        "\n| setup | calls/s | ÷ none | accepted hits | calls trapped | disarm cycles / kept armed | re-arm late p50 / p99 (µs) | re-arm early p50 / p99 (µs) | detach / attach p50 (µs) | agent CPU | hit → kill() p50 / p99 (µs) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let us = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.0}"));
     for row in &rows {
+        // The repeated setups: the median of the rounds' own ratios.
         let ratio = match (row["calls_per_s"].as_f64(), none) {
+            _ if row["ratio_to_none_median"].is_f64() => format!(
+                "{:.2}%",
+                100.0 * row["ratio_to_none_median"].as_f64().unwrap_or(0.0)
+            ),
             (Some(c), Some(n)) if n > 0.0 => format!("{:.2}%", 100.0 * c / n),
             _ => "-".into(),
         };
         let d = &row["disarm"];
         let h = &row["hit_to_kill_us"];
         println!(
-            "| {} | {} | {ratio} | {} | {} / {} | {} / {} | {} / {} | {} | {} / {} |",
+            "| {} | {} | {ratio} | {} | {} | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} / {} |",
             row["setup"].as_str().unwrap_or(""),
             f(&row["calls_per_s"]),
             row["accepted"].to_string().replace("null", "-"),
+            f(&row["seen"]),
             d["cycles"].to_string().replace("null", "-"),
             d["kept_armed"].to_string().replace("null", "-"),
             us(&d["rearm_late_us_p50"]),
             us(&d["rearm_late_us_p99"]),
+            us(&d["rearm_early_us_p50"]),
+            us(&d["rearm_early_us_p99"]),
             us(&d["detach_us_p50"]),
             us(&d["attach_us_p50"]),
             row["agent_storm_cpu_percent"]
@@ -1086,6 +1094,20 @@ fn print_storm_disarming(r: &Value) {
             let r: Vec<String> = r.iter().map(f).collect();
             println!(
                 "- {}: calls/s in each round {} (the row is the median)",
+                row["setup"].as_str().unwrap_or(""),
+                r.join(", ")
+            );
+        }
+        if let Some(r) = row["ratio_to_none_rounds"].as_array()
+            && row["setup"] != "none"
+        {
+            let r: Vec<String> = r
+                .iter()
+                .filter_map(Value::as_f64)
+                .map(|x| format!("{:.1}%", 100.0 * x))
+                .collect();
+            println!(
+                "- {}: ÷ none of the same round, sorted: {} (÷ none is the median)",
                 row["setup"].as_str().unwrap_or(""),
                 r.join(", ")
             );
@@ -1134,15 +1156,32 @@ fn storm(plan: &Plan, object: &Path) -> Value {
             rows.push(storm_run(plan, object, setup));
             continue;
         }
+        let speed = |v: &Value| v["calls_per_s"].as_f64().unwrap_or(0.0);
+        // Each round's speed against none's in the same round: the
+        // machine's drift between rounds cancels out.
+        let none: Vec<f64> = runs
+            .iter()
+            .filter(|(s, _)| *s == "none")
+            .map(|(_, v)| speed(v))
+            .collect();
         let mut mine: Vec<Value> = runs
             .iter()
             .filter(|(s, _)| *s == setup)
-            .map(|(_, v)| v.clone())
+            .zip(&none)
+            .map(|((_, v), n)| {
+                let mut v = v.clone();
+                v["ratio_to_none_in_round"] = json!(speed(&v) / n);
+                v
+            })
             .collect();
-        let speed = |v: &Value| v["calls_per_s"].as_f64().unwrap_or(0.0);
+        let ratio = |v: &Value| v["ratio_to_none_in_round"].as_f64().unwrap_or(0.0);
+        let mut ratios: Vec<f64> = mine.iter().map(ratio).collect();
+        ratios.sort_by(f64::total_cmp);
         mine.sort_by(|a, b| speed(a).total_cmp(&speed(b)));
         let mut row = mine[mine.len() / 2].clone();
         row["calls_per_s_rounds"] = json!(mine.iter().map(speed).collect::<Vec<_>>());
+        row["ratio_to_none_rounds"] = json!(ratios);
+        row["ratio_to_none_median"] = json!(ratios[ratios.len() / 2]);
         rows.push(row);
     }
     Value::Array(rows)
