@@ -678,37 +678,53 @@ fn following_forks_counts_the_followed_process_and_its_children_only() {
     assert!(probes.is_followed(me));
 }
 
-#[test]
-#[ignore = "needs root: run by cargo xtask test's privileged stage"]
-fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() {
-    use crate::{
-        uprobe_events::{self, Events},
-        uprobe_switch::Plan,
-    };
-    let _one = serial();
-    // Two triggers, so the program reads the attach cookie; trigger 1's
-    // uprobe is a switch, not an aya link.
-    let mut t = Traced::two();
-    drop(t.probes.take_trigger_links(1));
-    let events = std::sync::Arc::new(Events::new(
-        uprobe_events::tracefs().expect("tracefs ({ROOT})"),
-    ));
-    let (path, offset) = location(mt_kernel_test_second);
-    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
-    let code = mt_kernel_test_second as Probed as usize as *const u8;
+/// The run's tracefs uprobe events (this process's group).
+fn new_events() -> std::sync::Arc<crate::uprobe_events::Events> {
+    let dir = crate::uprobe_events::tracefs().expect("tracefs ({ROOT})");
+    std::sync::Arc::new(crate::uprobe_events::Events::new(dir))
+}
+
+/// The first byte of a function of this process.
+fn first_byte(f: Probed) -> u8 {
+    let code = f as usize as *const u8;
     // SAFETY: the first byte of a function of this process, mapped and
     // readable; read volatile, since the kernel rewrites the page.
-    let byte = || unsafe { std::ptr::read_volatile(code) };
-    let original = byte();
-    let mut switch = Plan {
+    unsafe { std::ptr::read_volatile(code) }
+}
+
+/// A switch on `f`'s entry in this process, with `t`'s entry program and
+/// `trigger`'s cookie, armed.
+fn own_switch(
+    t: &Traced,
+    events: &std::sync::Arc<crate::uprobe_events::Events>,
+    trigger: u32,
+    f: Probed,
+) -> crate::uprobe_switch::Switch {
+    let (path, offset) = location(f);
+    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
+    crate::uprobe_switch::Plan {
         events: events.clone(),
-        trigger: 1,
+        trigger,
         path,
         pid: std::process::id() as i32,
         points: vec![(std::sync::Arc::new(prog), offset, false)],
     }
     .build(&mut Vec::new())
-    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    .unwrap_or_else(|e| panic!("{e} ({ROOT})"))
+}
+
+#[test]
+#[ignore = "needs root: run by cargo xtask test's privileged stage"]
+fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() {
+    let _one = serial();
+    // Two triggers, so the program reads the attach cookie; trigger 1's
+    // uprobe is a switch, not an aya link.
+    let mut t = Traced::two();
+    drop(t.probes.take_trigger_links(1));
+    let events = new_events();
+    let byte = || first_byte(mt_kernel_test_second);
+    let original = byte();
+    let mut switch = own_switch(&t, &events, 1, mt_kernel_test_second);
     assert_eq!(switch.len(), 1);
     assert_eq!(byte(), 0xcc, "armed: an int3 at the function");
     call(mt_kernel_test_second, 1, 0, 0);
@@ -736,18 +752,12 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
 #[test]
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
 fn a_warm_up_changes_no_code_and_its_event_goes_with_it() {
-    use crate::{
-        uprobe_events::{self, Events},
-        uprobe_switch::Plan,
-        warmer::Warmer,
-    };
+    use crate::warmer::Warmer;
     let _one = serial();
     let mut t = Traced::one(mt_kernel_test_second, Filters::default());
     // The switch is the function's only uprobe.
     drop(t.probes.take_trigger_links(0));
-    let events = std::sync::Arc::new(Events::new(
-        uprobe_events::tracefs().expect("tracefs ({ROOT})"),
-    ));
+    let events = new_events();
     let listing = || std::fs::read_to_string(events.uprobe_events()).expect("read uprobe_events");
     let mut warmer = Warmer::new(events.clone()).unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     let memfd = format!("/proc/{}/fd/", std::process::id());
@@ -756,21 +766,9 @@ fn a_warm_up_changes_no_code_and_its_event_goes_with_it() {
         "the warm-up event is on the agent's memfd: {}",
         listing()
     );
-    let (path, offset) = location(mt_kernel_test_second);
-    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
-    let code = mt_kernel_test_second as Probed as usize as *const u8;
-    // SAFETY: as in the switch test above.
-    let byte = || unsafe { std::ptr::read_volatile(code) };
+    let byte = || first_byte(mt_kernel_test_second);
     let original = byte();
-    let mut switch = Plan {
-        events: events.clone(),
-        trigger: 0,
-        path,
-        pid: std::process::id() as i32,
-        points: vec![(std::sync::Arc::new(prog), offset, false)],
-    }
-    .build(&mut Vec::new())
-    .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let mut switch = own_switch(&t, &events, 0, mt_kernel_test_second);
     warmer.warm().unwrap_or_else(|e| panic!("warm-up: {e}"));
     assert_eq!(byte(), 0xcc, "a warm-up leaves an armed switch in");
     switch.disarm();
