@@ -219,6 +219,8 @@ fn tight_loop(args: &[&str]) -> (u64, Value) {
     all.extend_from_slice(args);
     let mut agent = Agent::start(&all);
     agent.wait_armed();
+    // As root, the arming thread runs at nice -5 (docs/disarming.md).
+    assert_eq!(armer_nice(agent.proc.pid()), Some(-5));
     t.go();
     t.wait(Duration::from_secs(60));
     let run = agent.finish(FINISH);
@@ -244,6 +246,22 @@ fn tight_loop(args: &[&str]) -> (u64, Value) {
     );
     run.assert_index_consistent();
     (accepted, s)
+}
+
+/// The nice value of the agent's arming thread (`mt-armer`), if it has one.
+fn armer_nice(pid: i32) -> Option<i64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .find(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "mt-armer")
+        })
+        .and_then(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // Field 19, after the parenthesised comm (which may hold spaces).
+            let rest = stat.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(16)?.parse().ok()
+        })
 }
 
 #[test]
