@@ -180,12 +180,18 @@ impl Held {
                     return None;
                 }
                 // Arms as they were without it, from now on (the driver
-                // hears `warmed: false` and leads as before).
+                // hears `can_warm: false` and leads as before).
                 Err(_) => self.warm_failed = true,
             }
         }
+        let can_warm = self.can_warm();
         let s = self.switches.get_mut(&trigger)?;
-        Some(arm(trigger, s, None))
+        Some(arm(trigger, s, None, can_warm))
+    }
+
+    /// Whether arms are warmed up: a warm-up uprobe, not failed.
+    fn can_warm(&self) -> bool {
+        self.warmer.is_some() && !self.warm_failed
     }
 
     /// How early to start a warm arm, ns.
@@ -216,7 +222,7 @@ impl Held {
             let Some(s) = self.switches.get_mut(&t.trigger) else {
                 continue;
             };
-            let d = arm(t.trigger, s, Some(t.warm_ns));
+            let d = arm(t.trigger, s, Some(t.warm_ns), true);
             if let Done::Attached { took_ns, .. } = &d {
                 self.warm_arms.push(took_ns - t.warm_ns);
                 let n = self.warm_arms.len();
@@ -253,12 +259,15 @@ pub enum Done {
     /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
     /// `at_ns`, after `took_ns` of work: the attach, and the warm-up before
     /// it if `warmed` ([`crate::warmer`]; not the wait between the two).
+    /// `can_warm`: the thread warms up before its arms (it has a warm-up
+    /// uprobe that has not failed), whether or not this arm had time to.
     Attached {
         trigger: u32,
         result: Result<(), String>,
         at_ns: u64,
         took_ns: u64,
         warmed: bool,
+        can_warm: bool,
     },
 }
 
@@ -344,22 +353,30 @@ impl Drop for Armer {
     }
 }
 
-/// The arming thread's nice value. The driver hands a hit's disarm over
-/// right after the hit's `kill()`, which wakes perf too; at nice 0 the
-/// thread then often waited behind perf's switch-output work, 2 ms at
-/// p50, with the probes still in (docs/disarming.md). Its work is short
-/// (a close or an open, 0.03-1 ms), so it takes little from others.
-const NICE: libc::c_int = -5;
+/// How much higher the arming thread's priority is than the agent's own,
+/// in nice steps (so -5 for an agent at nice 0; an agent an operator
+/// niced to 10 gets 5). The driver hands a hit's disarm over right after
+/// the hit's `kill()`, which wakes perf too; at the agent's own nice the
+/// thread then often waited behind perf's switch-output work, 2 ms at p50,
+/// with the probes still in (docs/disarming.md). Its work is short (a
+/// close or an open, 0.03-1 ms), so it takes little from others.
+const NICE_BELOW: libc::c_int = 5;
 
-/// Sets the calling thread's nice to [`NICE`]; best effort: without
-/// `CAP_SYS_NICE` (or a `RLIMIT_NICE` that allows it) the thread stays at
-/// the agent's own.
+/// Sets the calling thread's nice [`NICE_BELOW`] under its own; best
+/// effort: without `CAP_SYS_NICE` (or a `RLIMIT_NICE` that allows it) the
+/// thread stays at the agent's.
 fn raise_priority() {
     let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    // SAFETY: PRIO_PROCESS with a thread id sets that thread's nice
-    // (setpriority(2), Linux notes).
+    nix::errno::Errno::clear();
+    // SAFETY: PRIO_PROCESS with a thread id reads and sets that thread's
+    // nice (setpriority(2), Linux notes). getpriority returns -1 both for
+    // nice -1 and for an error, hence the errno check.
     unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, tid, NICE);
+        let own = libc::getpriority(libc::PRIO_PROCESS, tid);
+        if own == -1 && nix::errno::Errno::last_raw() != 0 {
+            return;
+        }
+        libc::setpriority(libc::PRIO_PROCESS, tid, own - NICE_BELOW);
     }
 }
 
@@ -399,7 +416,7 @@ fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
 }
 
 /// Arms a switch; `warm_ns`: the warm-up's time, if there was one.
-fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>) -> Done {
+fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>, can_warm: bool) -> Done {
     let t = Instant::now();
     let result = s
         .arm()
@@ -410,6 +427,7 @@ fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>) -> Done {
         at_ns: monotonic_ns(),
         took_ns: t.elapsed().as_nanos() as u64 + warm_ns.unwrap_or(0),
         warmed: warm_ns.is_some(),
+        can_warm,
     }
 }
 
@@ -446,5 +464,6 @@ fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {
         at_ns: monotonic_ns(),
         took_ns: t.elapsed().as_nanos() as u64,
         warmed: false,
+        can_warm: false,
     }
 }

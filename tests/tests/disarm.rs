@@ -219,7 +219,8 @@ fn tight_loop(args: &[&str]) -> (u64, Value) {
     all.extend_from_slice(args);
     let mut agent = Agent::start(&all);
     agent.wait_armed();
-    // As root, the arming thread runs at nice -5 (docs/disarming.md).
+    // As root, the arming thread runs 5 nice steps above the agent
+    // (docs/disarming.md).
     assert_eq!(armer_nice(agent.proc.pid()), Some(-5));
     t.go();
     t.wait(Duration::from_secs(60));
@@ -256,12 +257,40 @@ fn armer_nice(pid: i32) -> Option<i64> {
         .find(|e| {
             std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "mt-armer")
         })
-        .and_then(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            // Field 19, after the parenthesised comm (which may hold spaces).
-            let rest = stat.rsplit_once(')')?.1;
-            rest.split_whitespace().nth(16)?.parse().ok()
-        })
+        .and_then(|e| nice_in(&e.path().join("stat")))
+}
+
+/// Field 19 (nice) of a `stat` file, after the parenthesised comm (which
+/// may hold spaces).
+fn nice_in(stat: &Path) -> Option<i64> {
+    let stat = std::fs::read_to_string(stat).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(16)?.parse().ok()
+}
+
+#[test]
+fn an_agent_niced_down_keeps_its_arming_thread_below_normal_priority() {
+    // An operator's `nice -n 10 mt-agent`: the arming thread goes 5 steps
+    // above the agent, to 5, not to -5 above every other process.
+    use std::os::unix::process::CommandExt;
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start_with(&["--pid", &pid, "--symbol", "trigger", "--json"], |c| {
+        // SAFETY: setpriority is async-signal-safe; pid 0 is the child.
+        unsafe {
+            c.pre_exec(|| {
+                libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+                Ok(())
+            });
+        }
+    });
+    agent.wait_armed();
+    let own = nice_in(Path::new(&format!("/proc/{}/stat", agent.proc.pid())));
+    let armer = armer_nice(agent.proc.pid());
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert_eq!((own, armer), (Some(10), Some(5)));
 }
 
 #[test]

@@ -63,8 +63,8 @@ pub(super) struct Arming {
     pending: HashMap<u32, (usize, i32, Duration)>,
     /// The fall-back to the slow way was reported.
     warned: bool,
-    /// Whether the switches' arms are warmed up ([`crate::warmer`]), as
-    /// the last one said; None until then.
+    /// Whether the arming thread warms up before a switch's arm
+    /// ([`crate::warmer`]), as its last arm said; None until then.
     warming: Option<bool>,
     /// Re-arms after a warm-up.
     warmed_arms: u64,
@@ -516,9 +516,10 @@ impl Driver {
                     at_ns,
                     took_ns,
                     warmed,
+                    can_warm,
                 } => {
                     if self.arming.switched.contains(&trigger) {
-                        self.arming.warming = Some(warmed);
+                        self.arming.warming = Some(can_warm);
                     }
                     self.arming.warmed_arms += u64::from(warmed);
                     self.attached(trigger, result, at_ns, took_ns)
