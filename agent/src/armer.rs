@@ -232,7 +232,7 @@ impl Held {
         }
         if let Some(w) = &mut self.warmer
             && !self.timed.is_empty()
-            && w.due(now_ns)
+            && now_ns >= w.next_ns()
         {
             let _ = w.warm();
         }

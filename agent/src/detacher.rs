@@ -26,7 +26,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsRawFd, OwnedFd, RawFd},
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -119,20 +119,12 @@ fn hold(go: RawFd, early: &[RawFd]) -> ! {
     }
 }
 
-fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
-    // SAFETY: a plain system call; a non-negative result is a new fd that
-    // nothing else owns.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
-    // SAFETY: see above.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
 impl Detacher {
     /// The child `pid` of [`fork_holder`], to wait for.
     pub(crate) fn of(pid: Pid) -> Self {
         Self {
             pid: Some(pid),
-            pidfd: pidfd_open(pid),
+            pidfd: crate::perf::pidfd_open(pid.as_raw()).ok(),
         }
     }
 

@@ -856,7 +856,8 @@ impl Driver {
                 // Ready: the state machine takes it (while stopping, it goes
                 // into the tail).
                 Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::ready) => {
-                    self.deliver(slot, &ih, now)
+                    self.deliver(slot, &ih, now);
+                    true
                 }
                 // perf is starting: nothing records this process yet.
                 Some(_) => {
@@ -867,7 +868,10 @@ impl Driver {
                 // ancestor's perf follows it already (`perf record -p`
                 // inherits into children), so its hit switches that perf,
                 // and the process gets no perf of its own.
-                None if let Some(slot) = self.follower_slot(key) => self.deliver(slot, &ih, now),
+                None if let Some(slot) = self.follower_slot(key) => {
+                    self.deliver(slot, &ih, now);
+                    true
+                }
                 _ => {
                     self.unrecorded += 1;
                     // A process of a traced executable that we did not see
@@ -887,8 +891,8 @@ impl Driver {
     }
 
     /// Hands a hit to a ready recorder, which signals perf; the caller
-    /// reports it. Returns true.
-    fn deliver(&mut self, slot: usize, ih: &IndexedHit, now: Now) -> bool {
+    /// reports it.
+    fn deliver(&mut self, slot: usize, ih: &IndexedHit, now: Now) {
         let feedback = self.slots[slot]
             .as_mut()
             .map(|r| r.on_hit(ih.clone(), now))
@@ -896,7 +900,6 @@ impl Driver {
         if feedback.limit_reached {
             self.limit_reached(slot);
         }
-        true
     }
 
     fn read_execs(&mut self) {

@@ -21,10 +21,38 @@ use std::{
     time::Instant,
 };
 
-use crate::{rawprobe, uprobe_events::Events};
+use crate::{
+    rawprobe,
+    uprobe_events::{Event, Events},
+};
 
 /// kthreadd: a kernel thread there always is.
 const KEEPER_PID: i32 = 2;
+
+/// Defines a uprobe event of `path`+`offset` (a uretprobe if `ret`) and
+/// opens its keeper on [`KEEPER_PID`]: the uprobe is registered for as long
+/// as the keeper is open, with a breakpoint in no process. On an error,
+/// the event is deleted again.
+pub fn kept_event(
+    events: &Events,
+    path: &Path,
+    offset: u64,
+    ret: bool,
+) -> Result<(Event, OwnedFd), String> {
+    if !crate::target::is_kernel_thread(KEEPER_PID) {
+        return Err(format!("pid {KEEPER_PID} is not a kernel thread here"));
+    }
+    let ev = events
+        .create(path, offset, ret)
+        .map_err(|e| format!("defining a uprobe event: {e}"))?;
+    match rawprobe::open_tracepoint(ev.id, KEEPER_PID) {
+        Ok(keeper) => Ok((ev, keeper)),
+        Err(e) => {
+            let _ = events.delete(&ev.name);
+            Err(format!("opening uprobe event {}: {e}", ev.name))
+        }
+    }
+}
 
 /// One uprobe of the switch.
 struct Point {
@@ -95,25 +123,15 @@ impl Switch {
         cookie: u64,
         specs: &[Spec<'_>],
     ) -> Result<Self, String> {
-        if !crate::target::is_kernel_thread(KEEPER_PID) {
-            return Err(format!("pid {KEEPER_PID} is not a kernel thread here"));
-        }
         let mut s = Self {
             events,
             pid,
             points: Vec::new(),
         };
         for spec in specs {
-            let ev = s
-                .events
-                .create(path, spec.offset, spec.ret)
-                .map_err(|e| format!("defining a uprobe event: {e}"))?;
-            let made = rawprobe::open_tracepoint(ev.id, KEEPER_PID).and_then(|keeper| {
-                let link = rawprobe::link(spec.prog, keeper.as_fd(), cookie)?;
-                Ok((keeper, link))
-            });
-            match made {
-                Ok((keeper, link)) => s.points.push(Point {
+            let (ev, keeper) = kept_event(&s.events, path, spec.offset, spec.ret)?;
+            match rawprobe::link(spec.prog, keeper.as_fd(), cookie) {
+                Ok(link) => s.points.push(Point {
                     event: ev.name,
                     id: ev.id,
                     arm: None,
@@ -121,6 +139,7 @@ impl Switch {
                     _keeper: keeper,
                 }),
                 Err(e) => {
+                    drop(keeper);
                     let _ = s.events.delete(&ev.name);
                     return Err(format!("opening uprobe event {}: {e}", ev.name));
                 }

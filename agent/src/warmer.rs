@@ -29,10 +29,7 @@ use std::{
     sync::Arc,
 };
 
-use crate::{clock, rawprobe, uprobe_events::Events};
-
-/// kthreadd: the keeper's kernel thread, as a switch's.
-const KEEPER_PID: i32 = 2;
+use crate::{clock, rawprobe, uprobe_events::Events, uprobe_switch};
 
 /// How often to repeat the warm-up while an arm waits, ns: well under the
 /// shortest grace period after which the kernel's `rcu_sync` goes idle
@@ -65,23 +62,15 @@ impl Warmer {
             std::process::id(),
             file.as_raw_fd()
         ));
-        let ev = events
-            .create(&path, 0, false)
-            .map_err(|e| format!("defining the warm-up uprobe event: {e}"))?;
-        match rawprobe::open_tracepoint(ev.id, KEEPER_PID) {
-            Ok(keeper) => Ok(Self {
-                events,
-                name: ev.name,
-                id: ev.id,
-                keeper: Some(keeper),
-                _file: file,
-                last_ns: 0,
-            }),
-            Err(e) => {
-                let _ = events.delete(&ev.name);
-                Err(format!("opening the warm-up uprobe event: {e}"))
-            }
-        }
+        let (ev, keeper) = uprobe_switch::kept_event(&events, &path, 0, false)?;
+        Ok(Self {
+            events,
+            name: ev.name,
+            id: ev.id,
+            keeper: Some(keeper),
+            _file: file,
+            last_ns: 0,
+        })
     }
 
     /// One warm-up: a writer of `dup_mmap_sem` that changes nothing. The
@@ -95,12 +84,8 @@ impl Warmer {
         opened.map(|()| self.last_ns - t0)
     }
 
-    /// Whether a warm-up is due at `now_ns` to keep the kernel ready.
-    pub fn due(&self, now_ns: u64) -> bool {
-        now_ns >= self.last_ns.saturating_add(WARM_EVERY_NS)
-    }
-
-    /// When the next warm-up is due, CLOCK_MONOTONIC ns.
+    /// When the next warm-up is due to keep the kernel ready,
+    /// CLOCK_MONOTONIC ns.
     pub fn next_ns(&self) -> u64 {
         self.last_ns.saturating_add(WARM_EVERY_NS)
     }

@@ -546,6 +546,16 @@ pub fn assert_no_programs_loaded(context: &str) {
     }
 }
 
+/// Field `n` (1-based, proc(5)) of a `/proc/.../stat` file, read after
+/// the parenthesised comm, which may hold spaces: 19 is the nice value, 41
+/// the scheduling policy.
+pub fn stat_field(stat: &Path, n: usize) -> Option<String> {
+    let stat = fs::read_to_string(stat).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    // `rest` starts at field 3.
+    rest.split_whitespace().nth(n - 3).map(str::to_string)
+}
+
 /// Processes whose name (`/proc/PID/comm`) is `comm`.
 pub fn processes_named(comm: &str) -> Vec<i32> {
     fs::read_dir("/proc")

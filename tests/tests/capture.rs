@@ -345,12 +345,7 @@ fn verbose_forwards_the_ebpf_log() {
 fn thread_policies(pid: i32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
-        .filter_map(|e| {
-            let stat = std::fs::read_to_string(e.ok()?.path().join("stat")).ok()?;
-            // Fields after the parenthesised comm, which may hold spaces.
-            let rest = stat.rsplit_once(')')?.1;
-            rest.split_whitespace().nth(38)?.parse().ok()
-        })
+        .filter_map(|e| stat_field(&e.ok()?.path().join("stat"), 41)?.parse().ok())
         .collect()
 }
 

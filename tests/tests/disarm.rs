@@ -260,12 +260,9 @@ fn armer_nice(pid: i32) -> Option<i64> {
         .and_then(|e| nice_in(&e.path().join("stat")))
 }
 
-/// Field 19 (nice) of a `stat` file, after the parenthesised comm (which
-/// may hold spaces).
+/// The nice value (field 19) of a `stat` file.
 fn nice_in(stat: &Path) -> Option<i64> {
-    let stat = std::fs::read_to_string(stat).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(16)?.parse().ok()
+    stat_field(stat, 19)?.parse().ok()
 }
 
 #[test]
