@@ -97,4 +97,12 @@ mod tests {
         );
         assert!(failure_of(&anyhow::anyhow!("plain")).is_none());
     }
+
+    #[test]
+    fn exit_codes_are_the_documented_numbers() {
+        assert_eq!(ExitCode::Ok as u8, 0);
+        assert_eq!(ExitCode::Usage as u8, 2);
+        assert_eq!(ExitCode::Environment as u8, 3);
+        assert_eq!(ExitCode::Runtime as u8, 4);
+    }
 }

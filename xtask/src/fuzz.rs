@@ -16,8 +16,7 @@ pub fn fuzz(seconds: u64, seed: u64) -> anyhow::Result<()> {
             "test",
             "-p",
             "mt-agent",
-            "--bin",
-            "mt-agent",
+            "--lib",
             "fuzz_mutations",
         ])
         .args(["--", "--ignored", "--nocapture", "--exact"])

@@ -12,7 +12,7 @@ use super::{
     moments::{self, Folded},
     offcpu_page, runinfo,
 };
-use crate::output::human_ns;
+use crate::output::events::human_ns;
 
 /// Below this many samples a moment says little; the page says so.
 pub const FEW_SAMPLES: u64 = 20;

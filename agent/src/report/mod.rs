@@ -9,7 +9,7 @@
 //! * [`offcpu`]: a hit's off-CPU breakdown and blocked stacks;
 //!   [`offcpu_page`]: their part of the page;
 //! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
-//! * [`runfile`]: `OUT/run.json`, the triggers a capture run records for
+//! * [`run_file`]: `OUT/run.json`, the triggers a capture run records for
 //!   the report.
 //!
 //! Exit codes: 0 the report is written; 2 OUT is not an mt-agent output,
@@ -23,11 +23,8 @@ mod model;
 mod moments;
 mod offcpu;
 mod offcpu_page;
-mod runfile;
 mod runinfo;
-mod runs;
 mod samples;
-mod write;
 
 use std::{
     collections::HashMap,
@@ -38,13 +35,17 @@ use std::{
 
 use serde_json::json;
 
+use crate::output::{
+    run_file,
+    runs::{self, Hit, RunDir},
+    write,
+};
 use crate::{
-    cli::ReportArgs,
     error::{ExitCode, Failure},
-    output::Reporter,
+    flags::ReportArgs,
+    output::events::Reporter,
 };
 use model::{FileReport, HitReport};
-use runs::{Hit, RunDir};
 
 /// Name of the page in OUT.
 pub const PAGE: &str = "report.html";
@@ -123,12 +124,12 @@ pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: boo
 }
 
 /// Records the run's triggers in `out/run.json` for the report (see
-/// [`runfile`]); a failure is a warning.
-pub fn record_triggers(out: &Path, armed: &[crate::output::Armed], reporter: &Reporter) {
-    if let Err(e) = runfile::write(out, armed) {
+/// [`run_file`]); a failure is a warning.
+pub fn record_triggers(out: &Path, armed: &[crate::output::events::Armed], reporter: &Reporter) {
+    if let Err(e) = run_file::write(out, armed) {
         reporter.warning(&format!(
             "cannot write {}: {e}",
-            out.join(runfile::RUN_FILE).display()
+            out.join(run_file::RUN_FILE).display()
         ));
     }
 }
@@ -154,7 +155,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
     if runs.is_empty() {
         return Err(not_ours(format!(
             "no {} in it or below",
-            crate::index::INDEX_FILE
+            crate::output::index::INDEX_FILE
         )));
     }
     let hits: usize = runs

@@ -12,9 +12,9 @@ use std::{
 use super::{
     moments::{self, Folded, Span},
     offcpu::{self, OffCpu},
-    runs::{Entry, Hit, RunDir, open_regular},
     samples::{self, Samples},
 };
+use crate::output::runs::{Entry, Hit, RunDir, open_regular};
 
 /// What became of a snapshot file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,10 +5,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{
-    runs::Hit,
-    samples::{Sample, Samples},
-};
+use super::samples::{Sample, Samples};
+use crate::output::runs::Hit;
 
 /// Outermost frames of a complete stack: a thread's or a process's start
 /// (C, C++, Rust and Go). A stack that ends elsewhere was cut short (no

@@ -3,7 +3,7 @@
 //! it stayed blocked.
 //!
 //! The blocked intervals come from the snapshot's `PERF_RECORD_SWITCH`
-//! records of the thread ([`crate::offcpu::off_intervals`]). Each one gets
+//! records of the thread ([`crate::perf::offcpu::off_intervals`]). Each one gets
 //! the call chain of the thread's latest `sched:sched_switch` sample at or
 //! before its start: the tracepoint fires in the thread's context just
 //! before the switch-out, so its chain (kernel frames, then user frames) is
@@ -15,10 +15,10 @@ use serde::Serialize;
 
 use super::{
     moments::Folded,
-    runs::Hit,
     samples::{Samples, SwitchRecord, SwitchSample},
 };
-use crate::offcpu::{OffInterval, Switch, SwitchKind, off_intervals};
+use crate::output::runs::Hit;
+use crate::perf::offcpu::{OffInterval, Switch, SwitchKind, off_intervals};
 
 /// The frame of a blocked interval whose stack is not in the snapshot (no
 /// `sched:sched_switch` sample between the thread's switch-in and it).

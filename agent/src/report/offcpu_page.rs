@@ -130,7 +130,10 @@ fn us(t: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{moments, offcpu::BlockedStack, runs::Hit};
+    use crate::{
+        output::runs::Hit,
+        report::{moments, offcpu::BlockedStack},
+    };
 
     fn report() -> HitReport {
         let hit = Hit {

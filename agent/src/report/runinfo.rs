@@ -2,7 +2,8 @@
 //! (from perf's command line in the snapshots' headers), counters (from the
 //! index), and hit times on the wall clock (from perf's file names).
 
-use super::{Page, model::FileReport, runs::Hit, runs::RunDir};
+use super::{Page, model::FileReport};
+use crate::output::runs::{Hit, RunDir};
 
 /// One row of the page's "The run" table.
 pub struct RunInfo {
@@ -39,7 +40,7 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
     let slow = files
         .iter()
         .any(|f| f.entry.hits.iter().any(|h| h.duration_ns.is_some()));
-    let function = match super::runfile::trigger_of(&p.out, r) {
+    let function = match crate::output::run_file::trigger_of(&p.out, r) {
         Some(t) => format!("{} in {}: ", t.symbol, t.object.display()),
         None => String::new(),
     };

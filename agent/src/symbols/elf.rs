@@ -1,7 +1,7 @@
 //! Reading one ELF object: its symbol tables, LOAD segments, build-id and
 //! debug link. Uses the `object` crate. Files are opened through
-//! [`crate::safe_open`] (inside the target's root, regular files only) and
-//! read into memory within the size budget of [`crate::budget`].
+//! [`crate::sys::safe_open`] (inside the target's root, regular files only) and
+//! read into memory within the size budget of [`crate::symbols::budget`].
 
 use std::{
     path::{Path, PathBuf},
@@ -15,7 +15,7 @@ use object::{
     read::elf::{ElfFile64, ProgramHeader as _, Sym as _, SymbolTable},
 };
 
-use crate::safe_open::{Budgeted, Source};
+use crate::sys::safe_open::{Budgeted, Source};
 
 /// Which table a symbol came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,11 +114,11 @@ pub struct ElfObject {
 
 impl ElfObject {
     /// Opens and checks the file: a 64-bit ELF. `path` is named as
-    /// [`crate::safe_open::open_labelled`] takes it. A file that is refused
+    /// [`crate::sys::safe_open::open_labelled`] takes it. A file that is refused
     /// (not a regular file, outside the target's root, over the size
     /// budget) is an error whose reason is also logged at `-v`.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        if crate::budget::over(path) {
+        if crate::symbols::budget::over(path) {
             bail!(
                 "{}: symbol resolution is past its time budget",
                 path.display()
@@ -126,7 +126,7 @@ impl ElfObject {
         }
         let (file, len) = match open_elf_file(path) {
             Ok(f) => f,
-            Err(e @ crate::safe_open::Refused::Unusable(_)) => {
+            Err(e @ crate::sys::safe_open::Refused::Unusable(_)) => {
                 log::debug!("skipping {}: {e}", path.display());
                 bail!("{}: {e}", path.display());
             }
@@ -155,7 +155,7 @@ impl ElfObject {
         let budget = len
             .saturating_mul(8)
             .max(64 << 20)
-            .min(crate::budget::file_bytes());
+            .min(crate::symbols::budget::file_bytes());
         let reader = Budgeted::new(source.clone(), len, budget, path.clone());
         let this = Self {
             path,
@@ -345,7 +345,7 @@ impl ElfObject {
         let strings = symbols.strings();
         let mut out = Vec::new();
         for (index, sym) in symbols.enumerate() {
-            if index.0 % 4096 == 0 && crate::budget::over(&self.path) {
+            if index.0 % 4096 == 0 && crate::symbols::budget::over(&self.path) {
                 break;
             }
             if sym.is_undefined(e) {
@@ -386,16 +386,16 @@ impl ElfObject {
 /// Opens a file that should be an ELF object: checks the magic, and the
 /// size budget; a file over the budget is recorded as skipped, with a
 /// warning naming it. Returns the file and its size.
-fn open_elf_file(path: &Path) -> Result<(std::fs::File, u64), crate::safe_open::Refused> {
-    use crate::safe_open::Refused;
-    let mut opened = crate::safe_open::open_labelled(path)?;
+fn open_elf_file(path: &Path) -> Result<(std::fs::File, u64), crate::sys::safe_open::Refused> {
+    use crate::sys::safe_open::Refused;
+    let mut opened = crate::sys::safe_open::open_labelled(path)?;
     if opened.read_head(4)? != b"\x7fELF" {
         return Err(Refused::Unusable("is not an ELF file"));
     }
-    let (size, budget) = (opened.meta.len(), crate::budget::file_bytes());
+    let (size, budget) = (opened.meta.len(), crate::symbols::budget::file_bytes());
     if size > budget {
         let e = Refused::TooLarge { size, budget };
-        crate::budget::skipped(format!(
+        crate::symbols::budget::skipped(format!(
             "{} {e}; skipped (MT_AGENT_MAX_FILE_MIB raises the budget)",
             path.display()
         ));
@@ -437,7 +437,7 @@ pub fn debug_candidates(
     let mut out = Vec::new();
     for p in rel {
         if pid > 0 {
-            out.push(crate::target::in_root(pid, &p));
+            out.push(crate::capture::target::in_root(pid, &p));
             if !p.starts_with("/usr/lib/debug") {
                 continue;
             }
@@ -464,9 +464,9 @@ pub fn find_debug_file(
         build_id.as_deref(),
         link.as_ref().map(|(n, _)| n.as_str()),
     );
-    let own = crate::safe_open::stat_labelled(&object.path).ok();
+    let own = crate::sys::safe_open::stat_labelled(&object.path).ok();
     for cand in &searched {
-        let meta = match crate::safe_open::stat_labelled(cand) {
+        let meta = match crate::sys::safe_open::stat_labelled(cand) {
             Ok(meta) => meta,
             Err(e) => {
                 log::debug!("skipping {}: {e}", cand.display());

@@ -843,7 +843,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("seed.elf");
         std::fs::write(&path, seed_elf().bytes).unwrap();
-        let _armed = crate::budget::start_with(Duration::ZERO);
+        let _armed = crate::symbols::budget::start_with(Duration::ZERO);
         let q = Query {
             symbol: Some("main".into()),
             ..Query::default()
@@ -896,14 +896,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("storm.elf");
         std::fs::write(&path, &data).unwrap();
-        let _armed = crate::budget::start();
+        let _armed = crate::symbols::budget::start();
         let started = Instant::now();
         let o = ElfObject::open(&path).unwrap();
         assert_eq!(o.build_id(), None);
         // Loose: the budget (64 MiB here) is read in well under a minute
         // even on a loaded machine; without it, this reads about 1 GB.
         assert!(started.elapsed() < Duration::from_secs(60));
-        let lines = crate::budget::skipped_lines();
+        let lines = crate::symbols::budget::skipped_lines();
         assert!(
             lines
                 .iter()

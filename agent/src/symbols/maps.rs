@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::target;
+use crate::capture::target;
 
 /// One line of /proc/PID/maps that maps a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,8 +103,9 @@ impl MappedObject {
             }
             // The same file by inode, through our root or the target's
             // (resolved inside its root).
-            let same =
-                |p: &Path| crate::safe_open::stat_labelled(p).is_ok_and(|m| m.ino() == self.inode);
+            let same = |p: &Path| {
+                crate::sys::safe_open::stat_labelled(p).is_ok_and(|m| m.ino() == self.inode)
+            };
             return same(want) || same(&target::in_root(pid, want));
         }
         let name = self.file_name();
@@ -155,7 +156,7 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
 /// Whether `path` (under /proc/PID/root, resolved inside the target's
 /// root) is still the mapped file, or was replaced on disk.
 fn same_inode(path: &Path, inode: u64) -> bool {
-    crate::safe_open::stat_labelled(path).is_ok_and(|m| m.ino() == inode)
+    crate::sys::safe_open::stat_labelled(path).is_ok_and(|m| m.ino() == inode)
 }
 
 /// Reads the target's maps and returns its mapped objects.

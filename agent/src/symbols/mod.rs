@@ -21,6 +21,7 @@
 //! * The probed instruction must be one the kernel can place a uprobe on
 //!   ([`insn::uprobe_refusal`]).
 
+pub mod budget;
 pub mod elf;
 #[cfg(test)]
 mod fuzz;
@@ -242,22 +243,22 @@ fn check_query(q: &Query) -> Result<(), Failure> {
 }
 
 /// Finds the probe point for `q` in process `pid`, within the time budget
-/// of [`crate::budget`]; files skipped for their size are named in the
+/// of [`crate::symbols::budget`]; files skipped for their size are named in the
 /// notes (or in the error's detail).
 pub fn resolve(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
     check_query(q).map_err(ResolveError::Other)?;
-    crate::safe_open::check_kernel().map_err(ResolveError::Other)?;
-    let _budget = crate::budget::start();
+    crate::sys::safe_open::check_kernel().map_err(ResolveError::Other)?;
+    let _budget = crate::symbols::budget::start();
     within_budget(resolve_unbudgeted(pid, q))
 }
 
 /// Turns a resolution that ran past its time budget into that error, and
 /// adds the files skipped for their size to its notes or detail.
 fn within_budget(r: Result<Resolution, ResolveError>) -> Result<Resolution, ResolveError> {
-    if let Some(f) = crate::budget::failure() {
+    if let Some(f) = crate::symbols::budget::failure() {
         return Err(ResolveError::Other(f));
     }
-    let skipped = crate::budget::skipped_lines();
+    let skipped = crate::symbols::budget::skipped_lines();
     match r {
         Ok(mut res) => {
             res.notes.extend(skipped);
@@ -310,8 +311,8 @@ fn resolve_unbudgeted(pid: i32, q: &Query) -> Result<Resolution, ResolveError> {
 /// process (`--exe`): `--object`, if given, must be the path of a library to
 /// probe instead. Errors (exit code 2) as for [`resolve`].
 pub fn resolve_file(path: &std::path::Path, q: &Query) -> Result<Resolution, Failure> {
-    crate::safe_open::check_kernel()?;
-    let _budget = crate::budget::start();
+    crate::sys::safe_open::check_kernel()?;
+    let _budget = crate::symbols::budget::start();
     within_budget(resolve_file_unbudgeted(path, q).map_err(ResolveError::Other))
         .map_err(Failure::from)
 }
@@ -376,7 +377,7 @@ pub fn resolve_waiting(
     log: &dyn Fn(&str),
 ) -> Result<Resolution, Failure> {
     let young = if wait.is_none() {
-        crate::target::age(pid).filter(|a| *a < YOUNG)
+        crate::capture::target::age(pid).filter(|a| *a < YOUNG)
     } else {
         None
     };
@@ -391,7 +392,7 @@ pub fn resolve_waiting(
         };
         match (deadline, young) {
             (Some(d), _) if Instant::now() < d => {
-                if !crate::target::is_alive(pid) {
+                if !crate::capture::target::is_alive(pid) {
                     return Err(Failure::usage(format!(
                         "pid {pid} exited while waiting for the symbol to be mapped"
                     )));
@@ -662,7 +663,7 @@ fn matching<'a>(
     query: &'a str,
 ) -> impl Iterator<Item = Candidate<'a>> + 'a {
     syms.iter().filter_map(move |sym| {
-        if crate::budget::over(&view.mapped.open_path) {
+        if crate::symbols::budget::over(&view.mapped.open_path) {
             return None;
         }
         SymbolName::new(&sym.name)
@@ -706,7 +707,7 @@ fn listing_line(v: &View, s: &ElfSymbol) -> String {
 fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     let mut shorts: Vec<String> = Vec::new();
     for v in views {
-        if crate::budget::over(&v.mapped.open_path) {
+        if crate::symbols::budget::over(&v.mapped.open_path) {
             break;
         }
         for table in v.tables(pid) {
@@ -808,13 +809,13 @@ pub struct Listed {
 /// across the target's mapped objects (or the one `object` selects), with
 /// IFUNCs and their resolvers marked.
 pub fn list(pid: i32, pattern: Option<&str>, object: Option<&str>) -> Result<Vec<Listed>, Failure> {
-    crate::safe_open::check_kernel()?;
-    let _budget = crate::budget::start();
+    crate::sys::safe_open::check_kernel()?;
+    let _budget = crate::symbols::budget::start();
     let rows = list_unbudgeted(pid, pattern, object)?;
-    if let Some(f) = crate::budget::failure() {
+    if let Some(f) = crate::symbols::budget::failure() {
         return Err(f);
     }
-    for line in crate::budget::skipped_lines() {
+    for line in crate::symbols::budget::skipped_lines() {
         eprintln!("mt-agent: warning: {line}");
     }
     Ok(rows)
@@ -846,7 +847,7 @@ fn list_unbudgeted(
             .flat_map(|t| t.iter())
             .filter(|s| (s.kind == SymKind::Func || s.kind == SymKind::Ifunc) && s.size > 0)
         {
-            if crate::budget::over(&v.mapped.open_path) {
+            if crate::symbols::budget::over(&v.mapped.open_path) {
                 break;
             }
             let n = SymbolName::new(&s.name);

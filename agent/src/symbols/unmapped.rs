@@ -12,7 +12,7 @@
 use std::{os::unix::fs::MetadataExt as _, path::PathBuf};
 
 use super::{MappedObject, Query, Resolution, ResolveError, View, by_name, finish};
-use crate::{error::Failure, target};
+use crate::{capture::target, error::Failure};
 
 /// The probe point for `q` in the file `--object` names, when that is a
 /// path to a file that exists (as the process sees it, through its root,

@@ -1,0 +1,419 @@
+//! Keeps the traced processes' ELF objects in `OUT/.debug`, by build-id, so
+//! that a snapshot names the right functions after a deploy replaced or
+//! deleted the binary, or after OUT was copied to another host.
+//!
+//! The layout is perf's build-id cache, what `perf --buildid-dir OUT/.debug
+//! buildid-cache -a FILE` makes (tools/perf/util/build-id.c,
+//! `build_id_cache__add`):
+//!
+//! ```text
+//! OUT/.debug/<path of the object>/<build-id>/elf        a copy of the object
+//! OUT/.debug/.build-id/<2 hex>/<38 hex> -> ../../<path of the object>/<build-id>
+//! ```
+//!
+//! so `perf --buildid-dir OUT/.debug script -i SNAPSHOT` finds each object
+//! by the build-id that perf recorded in the snapshot's MMAP2 events
+//! (`--buildid-mmap`, see perf.rs). The links are relative: OUT can
+//! be moved.
+//!
+//! Objects are copied, never hard-linked: perf's own `buildid-cache -a`
+//! links when it can, and a deploy that rewrites the file in place (`cp new
+//! old`) then rewrites the cached copy too (docs/build-ids.md).
+//!
+//! When: a recorder asks for a scan of its process when perf is ready and
+//! after each snapshot ([`scan`]). A scan reads /proc/PID/maps; objects seen
+//! before (same path and inode) cost nothing more, and an object is copied
+//! once per build-id for the whole run, whatever the number of processes and
+//! snapshots. The copies run on a thread of their own, so a large binary
+//! never delays the driver. One cache serves the whole run: with `--exe` and
+//! `--config` it is in the run's root directory.
+
+use std::{
+    collections::HashSet,
+    fs::{self, File, OpenOptions},
+    io,
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, OnceLock, mpsc},
+    thread::JoinHandle,
+};
+
+use object::Object as _;
+
+use crate::{output::events::Reporter, symbols::maps};
+
+/// The cache's directory inside OUT, as perf's `--buildid-dir` takes it.
+pub const DIR: &str = ".debug";
+
+/// What a run's cache holds, for the log and the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Objects copied (one per build-id).
+    pub objects: u64,
+    /// Their total size, bytes.
+    pub bytes: u64,
+    /// Mapped ELF objects without a build-id note: perf cannot tell their
+    /// versions apart, so they are not kept.
+    pub without_build_id: Vec<PathBuf>,
+    /// Objects that could not be read or copied, with the reason.
+    pub failed: Vec<String>,
+}
+
+/// What the cache's thread is asked to do.
+enum Msg {
+    /// Copy what the process maps now.
+    Scan(i32),
+    /// Open what the process maps now and hold the files, copying nothing
+    /// yet (the flight recorder, which writes nothing while it waits).
+    Hold(i32),
+    /// Copy the held files.
+    Commit,
+}
+
+struct Cache {
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    thread: Mutex<Option<JoinHandle<Stats>>>,
+}
+
+static CACHE: OnceLock<Cache> = OnceLock::new();
+
+/// Starts the run's cache in `root/.debug` (created at the first copy).
+/// Later calls do nothing. Warnings go to `reporter`.
+pub fn init(root: &Path, reporter: Arc<Reporter>) {
+    let root = root.join(DIR);
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let spawned = std::thread::Builder::new()
+        .name("mt-agent-symcache".into())
+        .spawn(move || {
+            let mut w = Worker::new(root);
+            w.reporter = Some(reporter);
+            for msg in rx {
+                match msg {
+                    Msg::Scan(pid) => {
+                        w.hold(pid);
+                        w.commit();
+                    }
+                    Msg::Hold(pid) => w.hold(pid),
+                    Msg::Commit => w.commit(),
+                }
+            }
+            w.commit();
+            w.stats
+        });
+    if let Ok(thread) = spawned {
+        let _ = CACHE.set(Cache {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        });
+    }
+}
+
+/// Asks for the objects `pid` maps now to be kept. Never blocks on I/O; does
+/// nothing without [`init`].
+pub fn scan(pid: i32) {
+    send(Msg::Scan(pid));
+}
+
+/// Like [`scan`], but the objects are only opened and held (the inodes the
+/// process runs, whatever a deploy does to the paths later); they are
+/// copied at the next [`commit`] or [`scan`], or at [`finish`].
+pub fn hold(pid: i32) {
+    send(Msg::Hold(pid));
+}
+
+/// Copies the held objects.
+pub fn commit() {
+    send(Msg::Commit);
+}
+
+fn send(msg: Msg) {
+    if let Some(c) = CACHE.get()
+        && let Some(tx) = c.tx.lock().map(|g| g.clone()).ok().flatten()
+    {
+        let _ = tx.send(msg);
+    }
+}
+
+/// Waits for the scans asked so far and returns what the cache holds. With
+/// `keep: false` (the run wrote no snapshot), removes the cache.
+pub fn finish(keep: bool) -> Option<Stats> {
+    let c = CACHE.get()?;
+    drop(c.tx.lock().ok()?.take());
+    let stats = c.thread.lock().ok()?.take()?.join().ok()?;
+    if !keep && let Some(root) = ROOT.get() {
+        let _ = fs::remove_dir_all(root);
+    }
+    Some(stats)
+}
+
+/// The cache directory, once created (for [`finish`]).
+static ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+/// The scanning thread's state.
+struct Worker {
+    root: PathBuf,
+    /// Mapped files already looked at: (path, inode).
+    seen: HashSet<(PathBuf, u64)>,
+    /// Build-ids kept, in hex.
+    kept: HashSet<String>,
+    /// Mapped files found replaced on disk, warned about: (path, inode).
+    replaced: HashSet<(PathBuf, u64)>,
+    stats: Stats,
+    reporter: Option<Arc<Reporter>>,
+    /// Opened, not yet copied: (path, file).
+    held: Vec<(PathBuf, File)>,
+}
+
+impl Worker {
+    fn new(root: PathBuf) -> Self {
+        Self {
+            root,
+            seen: HashSet::new(),
+            kept: HashSet::new(),
+            replaced: HashSet::new(),
+            stats: Stats::default(),
+            reporter: None,
+            held: Vec::new(),
+        }
+    }
+
+    /// Opens the objects `pid` maps that were not seen before, and holds
+    /// them until [`Worker::commit`].
+    fn hold(&mut self, pid: i32) {
+        let Ok(objects) = maps::read_objects(pid) else {
+            // The process is gone: what it mapped is in the snapshots' MMAP
+            // events, and was kept by earlier scans.
+            return;
+        };
+        // Only code has frames: perf records executable mappings (MMAP2
+        // without `-d`). Data mappings such as a database's shared memory
+        // (`/dev/zero (deleted)`, `/SYSV...`) have no build-id to keep.
+        let code = objects
+            .into_iter()
+            .filter(|o| o.mappings.iter().any(|m| m.perms.contains('x')));
+        for o in code {
+            if o.deleted
+                && self.replaced.insert((o.path.clone(), o.inode))
+                && let Some(r) = &self.reporter
+            {
+                // perf re-reads /proc/PID/maps at each switch and looks up
+                // "PATH (deleted)" to read the build-id: it finds nothing.
+                r.warning(&format!(
+                    "{} was replaced or deleted on disk while pid {pid} runs it: perf cannot read \
+                     its build-id, so in the snapshots from now on its frames show as [unknown]; \
+                     earlier snapshots keep their names",
+                    o.path.display()
+                ));
+            }
+            if !self.seen.insert((o.path.clone(), o.inode)) {
+                continue;
+            }
+            match File::open(&o.open_path) {
+                Ok(f) => self.held.push((o.path, f)),
+                Err(e) => self.stats.failed.push(format!("{}: {e}", o.path.display())),
+            }
+        }
+    }
+
+    /// Copies the held objects.
+    fn commit(&mut self) {
+        for (path, file) in std::mem::take(&mut self.held) {
+            if let Err(e) = self.keep(&path, file) {
+                self.stats.failed.push(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+
+    /// Copies one object into the cache unless its build-id is there.
+    fn keep(&mut self, path: &Path, mut file: File) -> io::Result<()> {
+        let Some(id) = read_build_id(&file)? else {
+            if is_elf(&mut file) {
+                self.stats.without_build_id.push(path.to_path_buf());
+            }
+            return Ok(());
+        };
+        let hex = hex(&id);
+        if hex.len() < 3 || self.kept.contains(&hex) {
+            return Ok(());
+        }
+        let (dir, link, target) = layout(&self.root, path, &hex);
+        if fs::symlink_metadata(&link).is_ok() {
+            // Another run's cache or an earlier copy: trust it.
+            self.kept.insert(hex);
+            return Ok(());
+        }
+        let size = file.metadata()?.len();
+        let parent = self.root.parent().unwrap_or(Path::new("/"));
+        if let Some(why) = leaves_too_little(parent, size) {
+            self.stats.failed.push(format!("{}: {why}", path.display()));
+            self.kept.insert(hex);
+            return Ok(());
+        }
+        let _ = ROOT.set(self.root.clone());
+        mkdirs(&self.root, &dir)?;
+        let bytes = copy_new(&mut file, &dir.join("elf"))?;
+        mkdirs(&self.root, link.parent().expect("link has a parent"))?;
+        match std::os::unix::fs::symlink(&target, &link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        self.stats.objects += 1;
+        self.stats.bytes += bytes;
+        self.kept.insert(hex);
+        Ok(())
+    }
+}
+
+/// Space the snapshots keep for themselves: a copy is skipped when it would
+/// leave less free than this, or than a tenth of the file system.
+pub const RESERVE_BYTES: u64 = 64 << 20;
+
+/// Why copying `size` bytes into the file system of `dir` would take space
+/// the snapshots need, if it would.
+fn leaves_too_little(dir: &Path, size: u64) -> Option<String> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    let free = s.blocks_available() * s.fragment_size();
+    let total = s.blocks() * s.fragment_size();
+    let reserve = RESERVE_BYTES.max(total / 10);
+    (free < size.saturating_add(reserve)).then(|| {
+        format!(
+            "not kept: {size} bytes would leave less than {} MiB free for the snapshots",
+            reserve >> 20
+        )
+    })
+}
+
+/// Where perf's build-id cache keeps the object at `path` with build-id
+/// `hex`: (its directory, the `.build-id` link, the link's relative target).
+pub fn layout(root: &Path, path: &Path, hex: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let dir = root.join(rel).join(hex);
+    let link = root.join(".build-id").join(&hex[..2]).join(&hex[2..]);
+    let target = Path::new("../..").join(rel).join(hex);
+    (dir, link, target)
+}
+
+/// Lowercase hex, as perf names build-ids.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The GNU build-id note of an ELF file, if it has one; a file that is not
+/// ELF has none. Read on demand (`pread`), not mapped: a target that
+/// truncates its file gives a short read, not SIGBUS.
+pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
+    let data = object::ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&data) else {
+        return Ok(None);
+    };
+    Ok(elf.build_id().ok().flatten().map(<[u8]>::to_vec))
+}
+
+fn is_elf(file: &mut File) -> bool {
+    use std::io::{Read as _, Seek as _};
+    let mut magic = [0u8; 4];
+    file.rewind().is_ok() && file.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF"
+}
+
+/// Creates `dir` and its parents below `root`, mode 0700.
+fn mkdirs(root: &Path, dir: &Path) -> io::Result<()> {
+    if !root.exists() {
+        fs::DirBuilder::new().mode(0o700).create(root)?;
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Copies `from` (from its start) into a new file `to` (mode 0600, never
+/// through a symlink), through a temporary name, so that perf never sees a
+/// half-written object. Returns the bytes copied.
+fn copy_new(from: &mut File, to: &Path) -> io::Result<u64> {
+    use std::io::Seek as _;
+    from.rewind()?;
+    let tmp = to.with_extension("tmp");
+    let _ = fs::remove_file(&tmp);
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let copied = io::copy(from, &mut out).and_then(|n| out.sync_data().map(|()| n));
+    match copied {
+        Ok(n) => {
+            fs::rename(&tmp, to)?;
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_perfs() {
+        let (dir, link, target) = layout(
+            Path::new("/out/.debug"),
+            Path::new("/usr/bin/app"),
+            "47e88be14769cc0fde7d4d222d7e9a13a57f48fe",
+        );
+        assert_eq!(
+            dir,
+            Path::new("/out/.debug/usr/bin/app/47e88be14769cc0fde7d4d222d7e9a13a57f48fe")
+        );
+        assert_eq!(
+            link,
+            Path::new("/out/.debug/.build-id/47/e88be14769cc0fde7d4d222d7e9a13a57f48fe")
+        );
+        assert_eq!(
+            target,
+            Path::new("../../usr/bin/app/47e88be14769cc0fde7d4d222d7e9a13a57f48fe")
+        );
+    }
+
+    #[test]
+    fn our_own_executable_is_kept_once_with_a_relative_link() {
+        let exe = std::env::current_exe().unwrap();
+        let id = read_build_id(&File::open(&exe).unwrap()).unwrap();
+        let Some(id) = id else {
+            // rustc's test binaries carry a build-id on Linux (ld's default
+            // in Debian's gcc); without one there is nothing to keep.
+            panic!("{} has no build-id", exe.display());
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join(DIR);
+        let mut w = Worker::new(root.clone());
+        w.keep(Path::new("/some/app"), File::open(&exe).unwrap())
+            .unwrap();
+        w.keep(Path::new("/other/path"), File::open(&exe).unwrap())
+            .unwrap();
+        assert_eq!(w.stats.objects, 1);
+        let (dir, link, _) = layout(&root, Path::new("/some/app"), &hex(&id));
+        let copied = fs::read(dir.join("elf")).unwrap();
+        assert_eq!(copied, fs::read(&exe).unwrap());
+        // The link resolves, and still does once the tree is moved.
+        assert!(link.join("elf").is_file());
+        let moved = tmp.path().join("moved");
+        fs::rename(&root, &moved).unwrap();
+        let (_, link, _) = layout(&moved, Path::new("/some/app"), &hex(&id));
+        assert!(link.join("elf").is_file());
+    }
+
+    #[test]
+    fn files_that_are_not_elf_have_no_build_id() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        fs::write(tmp.path(), b"not an object").unwrap();
+        assert_eq!(
+            read_build_id(&File::open(tmp.path()).unwrap()).unwrap(),
+            None
+        );
+    }
+}

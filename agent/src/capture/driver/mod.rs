@@ -1,0 +1,1121 @@
+//! The driver thread: the data path of a run.
+//!
+//! One thread owns the probes, the ring buffers, the perf recorders and
+//! their indexes, and waits in `epoll` on all of them. A hit goes from the
+//! ring buffer to `kill(perf, SIGUSR2)` on this thread with no hop to another
+//! thread. The main thread (tokio) handles signals and `--duration`; it talks
+//! to the driver through [`Command`]s and hears back through [`Event`]s.
+//!
+//! Triggers come in two kinds:
+//! * a `--pid` trigger has one recorder; its uprobes are attached (scoped to
+//!   that process) once perf is ready, and `armed` is printed then;
+//! * an `--exe` trigger's uprobes are attached at once, for every process;
+//!   a recorder is started for each process running the executable: those
+//!   found at the start, those the `sched_process_exec` tracepoint reports,
+//!   and any other process whose hit comes first (a fork without exec), up to
+//!   `--max-targets` at once.
+//!
+//! Hits from processes without a recorder are counted as unrecorded.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    os::fd::AsFd,
+    path::PathBuf,
+    sync::{Arc, Mutex, OnceLock, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use agent_common::{Exec, HIT_AT_RETURN, Hit};
+use aya::{
+    maps::{MapData, RingBuf},
+    programs::uprobe::UProbeLink,
+};
+use nix::sys::{
+    epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout},
+    eventfd::{EfdFlags, EventFd},
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::{
+    capture::end::run_end,
+    capture::outcome::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
+    capture::recorder::{Feedback, Recorder, RecorderFd, Shared},
+    capture::snapshot::{IndexedHit, Policy, Stats},
+    capture::target,
+    error::Failure,
+    output::events::{Armed, Reporter},
+    perf::PerfSpec,
+    probe::counters::{CounterValues, Counters},
+    probe::detach,
+    probe::{AttachPlan, Probes},
+    sys::caps,
+    sys::clock::Now,
+};
+
+mod disarming;
+
+/// How many generations up a forked process's recorded ancestor is looked
+/// for (a pre-fork server's workers are its children or grandchildren).
+const MAX_FOLLOW_DEPTH: usize = 8;
+
+/// What a trigger watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Watch {
+    /// One process.
+    Pid(i32),
+    /// Every process whose executable is this file, identified by
+    /// (device, inode).
+    Exe { path: PathBuf, id: (u64, u64) },
+}
+
+/// One trigger, resolved and ready to attach.
+pub struct TriggerSetup {
+    /// Index: the attach cookie.
+    pub index: u32,
+    pub watch: Watch,
+    /// Attach point; for `--pid`, scoped to the process.
+    pub plan: AttachPlan,
+    pub policy: Policy,
+    /// Output: the recorder's directory for `--pid`, the parent of the
+    /// per-process directories for `--exe`.
+    pub out: PathBuf,
+    /// For the `armed` event.
+    pub armed: Armed,
+    /// Detach the probes for this long after each accepted hit: the
+    /// cooldown, or the `--max-rate` interval if longer (`--pid` with a
+    /// cooldown, without `--always-armed`).
+    pub disarm: Option<Duration>,
+    /// The off-CPU breakdown (`--off-cpu`): the window before a hit
+    /// without a duration.
+    pub off_cpu: Option<Duration>,
+}
+
+/// From the main thread to the driver.
+#[derive(Debug)]
+pub enum Command {
+    /// End the run for this reason (the first reason wins).
+    Stop(EndReason),
+}
+
+/// From the driver to the main thread.
+#[derive(Debug)]
+pub enum Event {
+    /// A trigger is armed (the first one starts `--duration`).
+    Armed,
+    /// The run is over.
+    Finished(Box<Outcome>),
+}
+
+/// Everything the driver needs.
+pub struct Setup {
+    pub triggers: Vec<TriggerSetup>,
+    /// Loads (and configures) the eBPF programs while perf starts.
+    pub loader: Option<std::thread::JoinHandle<Result<Probes, Failure>>>,
+    /// perf's command, without pid and output (set per recorder).
+    pub perf: PerfSpec,
+    pub max_targets: usize,
+    pub agent_started: Instant,
+    pub reporter: Arc<Reporter>,
+    /// A `--pid` run (one trigger, one recorder): that recorder's end and
+    /// failure are the run's.
+    pub single_pid_run: bool,
+    pub verbose: bool,
+    pub rt_priority: Option<i32>,
+    pub reader_delay: Option<Duration>,
+    /// `--max-disk`, shared by every recorder.
+    pub keeper: Option<Arc<Mutex<crate::capture::disk_budget::Keeper>>>,
+}
+
+/// The main thread's handle on the driver.
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    wake: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Handle {
+    /// Sends a command and wakes the driver.
+    pub fn send(&self, cmd: Command) {
+        if self.tx.send(cmd).is_ok() {
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// Waits for the thread to end.
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What an epoll event is about: the driver's own fds, or one fd of the
+/// recorder in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    /// The HITS ring buffer.
+    Ring,
+    /// The EXECS ring buffer (`--exe`).
+    Execs,
+    /// The eventfd the main thread writes after sending a [`Command`].
+    Wake,
+    /// The aya-log reader (`-v`).
+    Logger,
+    Recorder(usize, RecorderFd),
+}
+
+impl Token {
+    /// The epoll event's data: small numbers for the driver's fds, and
+    /// `(slot + 1) << 3 | fd kind` for a recorder's.
+    fn encode(self) -> u64 {
+        match self {
+            Token::Ring => 1,
+            Token::Execs => 2,
+            Token::Wake => 3,
+            Token::Logger => 4,
+            Token::Recorder(slot, fd) => ((slot as u64 + 1) << 3) | fd as u64,
+        }
+    }
+
+    fn decode(data: u64) -> Option<Self> {
+        Some(match data {
+            1 => Token::Ring,
+            2 => Token::Execs,
+            3 => Token::Wake,
+            4 => Token::Logger,
+            d if d >= 8 => Token::Recorder(
+                (d >> 3) as usize - 1,
+                *RecorderFd::ALL.get((d & 7) as usize)?,
+            ),
+            _ => return None,
+        })
+    }
+
+    fn event(self) -> EpollEvent {
+        EpollEvent::new(EpollFlags::EPOLLIN, self.encode())
+    }
+}
+
+/// Starts the driver thread.
+pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Handle> {
+    let (tx, rx) = mpsc::channel();
+    let wake = Arc::new(EventFd::from_flags(
+        EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+    )?);
+    let thread_wake = wake.clone();
+    let thread = std::thread::Builder::new()
+        .name("mt-agent-driver".into())
+        .spawn(move || {
+            let outcome = Driver::new(setup, rx, thread_wake, events.clone()).map(|mut d| d.run());
+            let outcome = outcome.unwrap_or_else(|e| {
+                Outcome::failed(
+                    crate::error::failure_of(&e)
+                        .cloned()
+                        .unwrap_or_else(|| Failure::runtime(format!("{e:#}"))),
+                )
+            });
+            let _ = events.send(Event::Finished(Box::new(outcome)));
+        })?;
+    Ok(Handle {
+        tx,
+        wake,
+        thread: Some(thread),
+    })
+}
+
+struct Driver {
+    setup: Setup,
+    events: UnboundedSender<Event>,
+    epoll: Epoll,
+    rx: mpsc::Receiver<Command>,
+    wake: Arc<EventFd>,
+    /// Filled in once the loader thread is done.
+    probes: Option<Probes>,
+    ring: Option<RingBuf<MapData>>,
+    ring_watched: bool,
+    execs: Option<RingBuf<MapData>>,
+    counters: Arc<OnceLock<Counters>>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    slots: Vec<Option<Recorder>>,
+    by_target: HashMap<(u32, i32), usize>,
+    /// Processes forked without exec from a recorded process: their
+    /// recorded ancestor, whose perf follows them.
+    followers: HashMap<(u32, i32), i32>,
+    /// Processes whose recording ended while they live on (per trigger).
+    done: HashSet<(u32, i32)>,
+    next_seq: u64,
+    armed_at: Option<Instant>,
+    stopping: Option<EndReason>,
+    fatal: Option<Failure>,
+    finished: Vec<RecorderOutcome>,
+    unrecorded: u64,
+    extra: u64,
+    arming: disarming::Arming,
+}
+
+impl Driver {
+    fn new(
+        setup: Setup,
+        rx: mpsc::Receiver<Command>,
+        wake: Arc<EventFd>,
+        events: UnboundedSender<Event>,
+    ) -> anyhow::Result<Self> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        epoll.add(wake.as_fd(), Token::Wake.event())?;
+        if let Some(prio) = setup.rt_priority {
+            set_fifo(prio, &setup.reporter);
+        }
+        // perf inherits these across execve when we run with capabilities.
+        caps::raise_ambient();
+        let mut arming = disarming::Arming::new(
+            setup
+                .triggers
+                .iter()
+                .filter_map(|t| Some((t.index, t.disarm?))),
+        );
+        arming.start(&wake, &setup.reporter);
+        Ok(Self {
+            setup,
+            events,
+            epoll,
+            rx,
+            wake,
+            probes: None,
+            ring: None,
+            ring_watched: false,
+            execs: None,
+            counters: Arc::new(OnceLock::new()),
+            logger: None,
+            slots: Vec::new(),
+            by_target: HashMap::new(),
+            followers: HashMap::new(),
+            done: HashSet::new(),
+            next_seq: 0,
+            armed_at: None,
+            stopping: None,
+            fatal: None,
+            finished: Vec::new(),
+            unrecorded: 0,
+            extra: 0,
+            arming,
+        })
+    }
+
+    fn run(&mut self) -> Outcome {
+        self.start();
+        let mut events = [EpollEvent::empty(); 32];
+        while !self.over() {
+            let timeout = self.timeout();
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => 0,
+                Err(e) => {
+                    self.fatal(Failure::runtime(format!("epoll_wait: {e}")));
+                    0
+                }
+            };
+            for ev in &events[..n] {
+                match Token::decode(ev.data()) {
+                    Some(Token::Ring) => self.read_ring(),
+                    Some(Token::Execs) => self.read_execs(),
+                    Some(Token::Wake) => self.commands(),
+                    Some(Token::Logger) => {
+                        if let Some(l) = &mut self.logger {
+                            l.flush();
+                        }
+                    }
+                    Some(Token::Recorder(slot, fd)) => self.recorder_event(slot, fd),
+                    None => {}
+                }
+            }
+            self.timers();
+            self.reap();
+        }
+        self.outcome()
+    }
+
+    /// Starts `--pid` recorders and arms `--exe` triggers.
+    fn start(&mut self) {
+        let mut exe_triggers = false;
+        for i in 0..self.setup.triggers.len() {
+            let (index, watch) = (
+                self.setup.triggers[i].index,
+                self.setup.triggers[i].watch.clone(),
+            );
+            match watch {
+                Watch::Pid(pid) => {
+                    let dir = self.setup.triggers[i].out.clone();
+                    if let Err(f) = self.start_recorder(index, pid, dir) {
+                        if self.setup.single_pid_run {
+                            self.fatal(f);
+                        } else {
+                            self.setup
+                                .reporter
+                                .warning(&format!("pid {pid}: {}", f.message));
+                        }
+                    }
+                }
+                Watch::Exe { .. } => exe_triggers = true,
+            }
+        }
+        // perf is starting up: now wait for the programs, loaded meanwhile.
+        if !self.load_probes() {
+            return;
+        }
+        if exe_triggers {
+            self.arm_exe_triggers();
+        }
+    }
+
+    /// Attaches the `--exe` triggers' uprobes and the exec tracepoint, and
+    /// tracks the processes that already run the executables.
+    fn arm_exe_triggers(&mut self) {
+        for i in 0..self.setup.triggers.len() {
+            if matches!(self.setup.triggers[i].watch, Watch::Exe { .. }) {
+                let plan = self.setup.triggers[i].plan.clone();
+                if let Err(f) = self.attach(&plan) {
+                    self.fatal(f);
+                    return;
+                }
+            }
+        }
+        let probes = self.probes.as_mut().expect("loaded");
+        match probes.attach_exec_tracepoint() {
+            Ok(()) => {}
+            Err(f) => {
+                self.fatal(f);
+                return;
+            }
+        }
+        match self.probes.as_mut().expect("loaded").take_execs() {
+            Ok(r) => {
+                let _ = self.epoll.add(r.as_fd(), Token::Execs.event());
+                self.execs = Some(r);
+            }
+            Err(e) => {
+                self.fatal(Failure::runtime(format!("EXECS ring buffer: {e:#}")));
+                return;
+            }
+        }
+        self.armed_now(None);
+        for t in self
+            .setup
+            .triggers
+            .iter()
+            .filter(|t| matches!(t.watch, Watch::Exe { .. }))
+        {
+            let mut a = t.armed.clone();
+            a.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
+            self.setup.reporter.armed(&a);
+        }
+        // Processes that run the executables already: one scan of /proc.
+        for pid in all_pids() {
+            self.maybe_track(pid);
+        }
+    }
+
+    /// Waits for the loader thread; takes the ring buffer, the counters and
+    /// (at -v) the log reader. False (and a fatal failure) if loading failed.
+    fn load_probes(&mut self) -> bool {
+        let Some(loader) = self.setup.loader.take() else {
+            return self.probes.is_some();
+        };
+        let loaded = loader
+            .join()
+            .unwrap_or_else(|_| Err(Failure::runtime("the eBPF loader thread panicked")));
+        let mut probes = match loaded {
+            Ok(p) => p,
+            Err(f) => {
+                self.fatal(f);
+                return false;
+            }
+        };
+        let taken = probes
+            .take_ring()
+            .and_then(|r| Ok((r, probes.take_counters()?)));
+        match taken {
+            Ok((ring, counters)) => {
+                self.ring = Some(ring);
+                let _ = self.counters.set(counters);
+            }
+            Err(e) => {
+                self.fatal(Failure::runtime(format!("eBPF maps: {e:#}")));
+                return false;
+            }
+        }
+        if self.setup.verbose {
+            self.logger = probes.take_logger();
+            if let Some(l) = &self.logger {
+                let _ = self.epoll.add(l.as_fd(), Token::Logger.event());
+            }
+        }
+        self.probes = Some(probes);
+        true
+    }
+
+    fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
+        match self.probes.as_mut() {
+            Some(p) => p.attach(plan),
+            None => Err(Failure::runtime("the eBPF programs are not loaded")),
+        }
+    }
+
+    fn detach_trigger(&mut self, trigger: u32) {
+        let links = self.take_for_detach(&[trigger]);
+        self.drop_links(links);
+        self.arming.forget(trigger);
+    }
+
+    fn detach_all(&mut self) {
+        let triggers: Vec<u32> = self.setup.triggers.iter().map(|t| t.index).collect();
+        let links = self.take_for_detach(&triggers);
+        if let Some(p) = self.probes.as_mut() {
+            p.detach_tracepoints();
+        }
+        self.drop_links(links);
+        for t in triggers {
+            self.arming.forget(t);
+        }
+    }
+
+    /// Turns the triggers off in the programs (their calls stop counting
+    /// now, whatever the detach waits for) and takes their uprobe links.
+    fn take_for_detach(&mut self, triggers: &[u32]) -> Vec<UProbeLink> {
+        let Some(p) = self.probes.as_mut() else {
+            return Vec::new();
+        };
+        let mut links = Vec::new();
+        for t in triggers {
+            let _ = p.disable(*t);
+            links.extend(p.take_trigger_links(*t));
+        }
+        links
+    }
+
+    /// Detaches uprobe links, the kernel's wait in a child
+    /// ([`crate::probe::detach`]): the driver waits for it a bounded time.
+    fn drop_links(&mut self, links: Vec<UProbeLink>) {
+        if links.is_empty() {
+            return;
+        }
+        if let Some(w) = detach::drop_and_wait(links) {
+            self.setup.reporter.warning(&w);
+        }
+    }
+
+    fn armed_now(&mut self, _pid: Option<i32>) {
+        if self.armed_at.is_none() {
+            self.armed_at = Some(Instant::now());
+            let _ = self.events.send(Event::Armed);
+            if self.setup.reader_delay.is_none() {
+                self.watch_ring();
+            }
+        }
+    }
+
+    fn start_recorder(&mut self, trigger: u32, pid: i32, dir: PathBuf) -> Result<(), Failure> {
+        let t = self.trigger(trigger);
+        let policy = t.policy;
+        let spec = PerfSpec {
+            off_cpu: t.off_cpu,
+            ..self.setup.perf.clone()
+        };
+        let rec = Recorder::start(
+            trigger,
+            pid,
+            dir,
+            &spec,
+            policy,
+            Shared {
+                reporter: self.setup.reporter.clone(),
+                counters: self.counters.clone(),
+                keeper: self.setup.keeper.clone(),
+                disarm: self.arming.board.clone(),
+            },
+        )?;
+        let slot = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or_else(|| {
+                self.slots.push(None);
+                self.slots.len() - 1
+            });
+        for kind in RecorderFd::ALL {
+            if let Some(fd) = rec.fd(kind) {
+                let _ = self.epoll.add(fd, Token::Recorder(slot, kind).event());
+            }
+        }
+        self.by_target.insert((trigger, pid), slot);
+        self.slots[slot] = Some(rec);
+        Ok(())
+    }
+
+    fn trigger(&self, index: u32) -> &TriggerSetup {
+        self.setup
+            .triggers
+            .iter()
+            .find(|t| t.index == index)
+            .expect("known trigger")
+    }
+
+    /// Starts a recorder for `pid` under every `--exe` trigger whose
+    /// executable it runs (up to `--max-targets` per trigger).
+    /// The ready recorder of an ancestor of `key`'s process for the same
+    /// trigger, remembered once found. `--exe` only: a `--pid` probe sees no
+    /// other process.
+    fn follower_slot(&mut self, key: (u32, i32)) -> Option<usize> {
+        let (trigger, pid) = key;
+        if let Watch::Pid(target) = self.trigger(trigger).watch {
+            // A process forked from the target (the eBPF program keeps only
+            // those, see `CFG_FOLLOW_FORKS`): the target's perf records it.
+            let slot = *self.by_target.get(&(trigger, target))?;
+            return (self.trigger(trigger).plan.follow_forks
+                && self.slots[slot].as_ref().is_some_and(Recorder::ready))
+            .then_some(slot);
+        }
+        let ancestor = match self.followers.get(&key) {
+            Some(a) => *a,
+            None => {
+                let a = target::ancestors(pid, MAX_FOLLOW_DEPTH)
+                    .into_iter()
+                    .find(|a| self.by_target.contains_key(&(trigger, *a)))?;
+                self.followers.insert(key, a);
+                a
+            }
+        };
+        let slot = *self.by_target.get(&(trigger, ancestor))?;
+        self.slots[slot]
+            .as_ref()
+            .is_some_and(Recorder::ready)
+            .then_some(slot)
+    }
+
+    fn maybe_track(&mut self, pid: i32) {
+        if self.stopping.is_some() {
+            return;
+        }
+        let Some(id) = target::exe_id(pid) else {
+            return;
+        };
+        let matching: Vec<(u32, PathBuf)> = self
+            .setup
+            .triggers
+            .iter()
+            .filter_map(|t| match &t.watch {
+                Watch::Exe { id: want, .. } if *want == id => Some((t.index, t.out.clone())),
+                _ => None,
+            })
+            .collect();
+        for (trigger, out) in matching {
+            if self.by_target.contains_key(&(trigger, pid)) || self.done.contains(&(trigger, pid)) {
+                continue;
+            }
+            // One limit for the whole agent, across its triggers: it bounds
+            // the perf processes a host runs.
+            if self.by_target.len() >= self.setup.max_targets {
+                self.extra += 1;
+                self.done.insert((trigger, pid));
+                self.setup.reporter.warning(&format!(
+                    "pid {pid} runs the traced executable, but all --max-targets {} recorders \
+                     are busy; it is not recorded",
+                    self.setup.max_targets
+                ));
+                continue;
+            }
+            if let Err(f) = self.start_recorder(trigger, pid, out.join(pid.to_string())) {
+                self.setup
+                    .reporter
+                    .warning(&format!("pid {pid}: {}", f.message));
+            }
+        }
+    }
+
+    fn over(&self) -> bool {
+        if !self.slots.iter().all(Option::is_none) {
+            return false;
+        }
+        // No recorder runs. The run is over when stopping, when a fatal
+        // failure happened, or when no trigger can start one any more.
+        self.stopping.is_some()
+            || self.fatal.is_some()
+            || !self
+                .setup
+                .triggers
+                .iter()
+                .any(|t| matches!(t.watch, Watch::Exe { .. }))
+    }
+
+    fn timeout(&self) -> EpollTimeout {
+        let now = Now::read();
+        let mut next = now.at + Duration::from_millis(500);
+        for r in self.slots.iter().flatten() {
+            next = next.min(r.next_deadline(now));
+        }
+        if !self.ring_watched
+            && let (Some(armed), Some(delay)) = (self.armed_at, self.setup.reader_delay)
+        {
+            next = next.min(armed + delay);
+        }
+        if let Some(at) = self.arming.next_rearm() {
+            next = next.min(now.at + Duration::from_nanos(at.saturating_sub(now.ns)));
+        }
+        let wait = next.saturating_duration_since(now.at);
+        // Round up to whole ms so a deadline is never missed by a hair.
+        let ms = wait.as_nanos().div_ceil(1_000_000) as u64;
+        EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::NONE)
+    }
+
+    fn timers(&mut self) {
+        let now = Now::read();
+        if !self.ring_watched
+            && let Some(armed) = self.armed_at
+            && now.at >= armed + self.setup.reader_delay.unwrap_or_default()
+        {
+            self.watch_ring();
+        }
+        self.rearm_due();
+        for slot in 0..self.slots.len() {
+            if let Some(r) = &mut self.slots[slot]
+                && r.tick(now).limit_reached
+            {
+                self.limit_reached(slot);
+            }
+        }
+    }
+
+    fn watch_ring(&mut self) {
+        if !self.ring_watched
+            && let Some(ring) = &self.ring
+        {
+            if self.epoll.add(ring.as_fd(), Token::Ring.event()).is_ok() {
+                self.ring_watched = true;
+            }
+            self.read_ring();
+        }
+    }
+
+    fn recorder_event(&mut self, slot: usize, kind: RecorderFd) {
+        if matches!(kind, RecorderFd::Stderr | RecorderFd::PerfExit) {
+            // A Dump line (or perf's exit) may race hits already in the ring
+            // buffer: deliver those first, so they land in the snapshot that
+            // was being written when they happened.
+            self.read_ring();
+        }
+        let Some(r) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let now = Now::read();
+        let feedback = match kind {
+            RecorderFd::Stderr => r.on_stderr(now),
+            RecorderFd::Ack => r.on_ack(now),
+            RecorderFd::PerfExit => {
+                r.on_perf_exit();
+                Feedback::default()
+            }
+            RecorderFd::TargetExit => {
+                if let Some(fd) = r.fd(RecorderFd::TargetExit) {
+                    let _ = self.epoll.delete(fd);
+                }
+                r.on_target_exit(now);
+                Feedback::default()
+            }
+        };
+        // Closed pipes stay readable; stop watching them. Once perf is
+        // ready, its acks are drained with stderr instead of waking us.
+        if let Some(r) = self.slots[slot].as_ref() {
+            let (ack_closed, stderr_closed) = r.pipes_closed();
+            if (ack_closed || (kind == RecorderFd::Ack && !r.watch_acks()))
+                && let Some(fd) = r.fd(RecorderFd::Ack)
+            {
+                let _ = self.epoll.delete(fd);
+            }
+            if stderr_closed && let Some(fd) = r.fd(RecorderFd::Stderr) {
+                let _ = self.epoll.delete(fd);
+            }
+        }
+        if let Some(after) = feedback.perf_ready {
+            self.recorder_ready(slot, after);
+        }
+        if feedback.limit_reached {
+            self.limit_reached(slot);
+        }
+    }
+
+    /// A recorder's perf is ready. For a `--pid` trigger, attach its probes now.
+    fn recorder_ready(&mut self, slot: usize, ready_after: Duration) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let (trigger, pid) = (r.trigger, r.tgid);
+        let dir = r.dir.clone();
+        if self.stopping.is_some() {
+            return;
+        }
+        let t = self.trigger(trigger);
+        if !matches!(t.watch, Watch::Pid(_)) {
+            self.setup
+                .reporter
+                .target(pid, trigger, "started", &dir, None);
+            return;
+        }
+        if !self.set_up_switch(slot, pid, ready_after) {
+            self.attach_and_report(slot, ready_after);
+        }
+    }
+
+    /// Attaches a `--pid` trigger's probes with aya, and reports it armed.
+    fn attach_and_report(&mut self, slot: usize, ready_after: Duration) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let (trigger, pid) = (r.trigger, r.tgid);
+        let plan = self.trigger(trigger).plan.clone();
+        let attached = self
+            .attach(&plan)
+            .map(|()| self.probes.as_ref().map_or(0, |p| p.attached_for(trigger)));
+        match attached {
+            Ok(n) => self.report_armed(slot, ready_after, n),
+            Err(f) => {
+                self.detach_trigger(trigger);
+                if let Some(r) = self.slots[slot].as_mut() {
+                    if target::is_alive(pid) {
+                        r.fail(f, Now::read());
+                    } else {
+                        // The target exited while perf started (attach fails
+                        // with ESRCH): a normal end, not a failure.
+                        r.stop(EndReason::TargetExited, Now::read());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A `--pid` trigger's `uprobes` are in: the `armed` event.
+    fn report_armed(&mut self, slot: usize, ready_after: Duration, uprobes: usize) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let (trigger, pid, perf_pid) = (r.trigger, r.tgid, r.perf_pid());
+        let mut armed = self.trigger(trigger).armed.clone();
+        armed.pid = Some(pid);
+        armed.perf_pid = Some(perf_pid);
+        armed.uprobes = uprobes;
+        armed.perf_ready_ms = ms(ready_after);
+        armed.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
+        self.setup.reporter.armed(&armed);
+        self.armed_now(Some(pid));
+    }
+
+    fn limit_reached(&mut self, slot: usize) {
+        let Some(r) = self.slots[slot].as_ref() else {
+            return;
+        };
+        let trigger = r.trigger;
+        if matches!(self.trigger(trigger).watch, Watch::Pid(_)) {
+            self.detach_trigger(trigger);
+        }
+        if let Some(r) = self.slots[slot].as_mut() {
+            r.stop(EndReason::MaxSnapshots, Now::read());
+        }
+    }
+
+    fn read_ring(&mut self) {
+        loop {
+            let hit: Hit = {
+                let Some(item) = self.ring.as_mut().and_then(RingBuf::next) else {
+                    break;
+                };
+                if item.len() < std::mem::size_of::<Hit>() {
+                    continue;
+                }
+                // SAFETY: the record is a Hit written by our eBPF program; the
+                // ring buffer gives no alignment guarantee, hence read_unaligned.
+                unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) }
+            };
+            let now = Now::read();
+            self.next_seq += 1;
+            let at_return = hit.flags & HIT_AT_RETURN != 0;
+            let ih = IndexedHit {
+                seq: self.next_seq,
+                tgid: hit.tgid,
+                tid: hit.tid,
+                cpu: hit.cpu,
+                ktime_ns: hit.ktime_ns,
+                args: hit.args,
+                duration_ns: at_return.then_some(hit.duration_ns),
+                retval: at_return.then_some(hit.retval),
+                merged: false,
+                starts_before_samples: false,
+                off_cpu: None,
+            };
+            let key = (hit.trigger, hit.tgid as i32);
+            let delivered = match self.by_target.get(&key).copied() {
+                // Ready: the state machine takes it (while stopping, it goes
+                // into the tail).
+                Some(slot) if self.slots[slot].as_ref().is_some_and(Recorder::ready) => {
+                    self.deliver(slot, &ih, now);
+                    true
+                }
+                // perf is starting: nothing records this process yet.
+                Some(_) => {
+                    self.unrecorded += 1;
+                    false
+                }
+                // A process forked (without exec) from a recorded one: the
+                // ancestor's perf follows it already (`perf record -p`
+                // inherits into children), so its hit switches that perf,
+                // and the process gets no perf of its own.
+                None if let Some(slot) = self.follower_slot(key) => {
+                    self.deliver(slot, &ih, now);
+                    true
+                }
+                _ => {
+                    self.unrecorded += 1;
+                    // A process of a traced executable that we did not see
+                    // exec, with no recorded ancestor: record it from now on.
+                    self.maybe_track(hit.tgid as i32);
+                    false
+                }
+            };
+            // perf has its signal: now the probes may go, before the hit's
+            // line is written (a reader that the write wakes could take this
+            // CPU, with the probes still in: docs/disarming.md).
+            self.disarm_after_hit(hit.trigger, hit.ktime_ns);
+            if delivered {
+                self.setup.reporter.hit(&ih);
+            }
+        }
+    }
+
+    /// Hands a hit to a ready recorder, which signals perf; the caller
+    /// reports it.
+    fn deliver(&mut self, slot: usize, ih: &IndexedHit, now: Now) {
+        let feedback = self.slots[slot]
+            .as_mut()
+            .map(|r| r.on_hit(ih.clone(), now))
+            .unwrap_or_default();
+        if feedback.limit_reached {
+            self.limit_reached(slot);
+        }
+    }
+
+    fn read_execs(&mut self) {
+        let mut pids = Vec::new();
+        if let Some(execs) = &mut self.execs {
+            while let Some(item) = execs.next() {
+                if item.len() >= std::mem::size_of::<Exec>() {
+                    // SAFETY: an Exec record written by mt_exec.
+                    let e: Exec = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                    pids.push(e.tgid as i32);
+                }
+            }
+        }
+        for pid in pids {
+            self.maybe_track(pid);
+        }
+    }
+
+    fn commands(&mut self) {
+        let _ = self.wake.read();
+        while let Ok(cmd) = self.rx.try_recv() {
+            match cmd {
+                Command::Stop(reason) => self.stop_all(reason),
+            }
+        }
+    }
+
+    fn stop_all(&mut self, reason: EndReason) {
+        self.stopping.get_or_insert(reason.clone());
+        // No more hits are wanted.
+        self.detach_all();
+        let now = Now::read();
+        for r in self.slots.iter_mut().flatten() {
+            r.stop(reason.clone(), now);
+        }
+    }
+
+    fn fatal(&mut self, f: Failure) {
+        if self.fatal.is_none() {
+            self.fatal = Some(f);
+        }
+        self.stop_all(EndReason::Failed);
+    }
+
+    /// Finishes recorders whose perf exited.
+    fn reap(&mut self) {
+        for slot in 0..self.slots.len() {
+            if !self.slots[slot].as_ref().is_some_and(Recorder::exited) {
+                continue;
+            }
+            // Deliver what is still in the ring buffer first: this recorder's
+            // hits end in its tail (or unsnapshotted).
+            self.read_ring();
+            let r = self.slots[slot].take().expect("exited recorder");
+            for fd in RecorderFd::ALL.into_iter().filter_map(|k| r.fd(k)) {
+                let _ = self.epoll.delete(fd);
+            }
+            let (trigger, pid) = (r.trigger, r.tgid);
+            self.by_target.remove(&(trigger, pid));
+            let is_pid = matches!(self.trigger(trigger).watch, Watch::Pid(_));
+            if is_pid {
+                self.detach_trigger(trigger);
+            }
+            let outcome = r.finish(Now::read());
+            if let Some(f) = &outcome.failure {
+                if outcome.reason == EndReason::DiskFull || self.setup.single_pid_run {
+                    if self.fatal.is_none() {
+                        self.fatal = Some(f.clone());
+                    }
+                    if outcome.reason == EndReason::DiskFull {
+                        self.stop_all(EndReason::DiskFull);
+                    }
+                } else {
+                    self.setup
+                        .reporter
+                        .warning(&format!("pid {pid}: {}", f.message));
+                }
+            }
+            if !is_pid {
+                self.setup.reporter.target(
+                    pid,
+                    trigger,
+                    "finished",
+                    &outcome.dir,
+                    Some(&outcome.reason.describe()),
+                );
+                if target::is_alive(pid) {
+                    self.done.insert((trigger, pid));
+                }
+            }
+            self.finished.push(outcome);
+        }
+    }
+
+    /// After detaching: drains the ring buffer until the counters account
+    /// for every hit (`seen = Σ dropped + accepted + open calls` and
+    /// `accepted = read + lost`), for at most 100 ms. A program that was
+    /// running when its probe went away may still be between its counter
+    /// bump and its ring-buffer submit.
+    fn settle_counters(&mut self) {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        loop {
+            self.read_ring();
+            let Some(c) = self.counters.get() else {
+                return;
+            };
+            let (mut seen, mut accounted, mut accepted, mut lost) = (0, 0, 0, 0);
+            for t in &self.setup.triggers {
+                let v = c.read(t.index);
+                seen += v.seen;
+                accounted += v.dropped.total() + v.accepted + c.open_calls(t.index);
+                accepted += v.accepted;
+                lost += v.lost;
+            }
+            if (seen == accounted && accepted == self.next_seq + lost) || Instant::now() >= deadline
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn outcome(&mut self) -> Outcome {
+        self.detach_all();
+        for w in self.arming.finish() {
+            self.setup.reporter.warning(&w);
+        }
+        self.settle_counters();
+        let mut counters = CounterValues::default();
+        let mut open_calls = 0;
+        if let Some(c) = self.counters.get() {
+            for t in &self.setup.triggers {
+                counters.add(&c.read(t.index));
+                open_calls += c.open_calls(t.index);
+            }
+        }
+        let mut stats = Stats::default();
+        let mut perf_cpu: Option<Duration> = None;
+        for o in &self.finished {
+            stats.add(&o.stats);
+            if let Some(c) = o.perf_cpu {
+                perf_cpu = Some(perf_cpu.unwrap_or_default() + c);
+            }
+        }
+        let single = self
+            .setup
+            .single_pid_run
+            .then(|| self.finished.first())
+            .flatten();
+        let (reason, failure) = run_end(
+            self.stopping.as_ref(),
+            self.fatal.take(),
+            single.map(|o| (&o.reason, o.failure.as_ref())),
+        );
+        Outcome {
+            reason,
+            failure,
+            counters,
+            stats,
+            open_calls,
+            perf_exit: single.and_then(|o| o.perf_exit.clone()),
+            perf_cpu,
+            recorders: self.finished.iter().map(RecorderSummary::from).collect(),
+            unrecorded_hits: self.unrecorded,
+            extra_processes: self.extra,
+            disarm: self.arming.summary(crate::sys::clock::monotonic_ns()),
+        }
+    }
+}
+
+/// Every process id in /proc.
+fn all_pids() -> Vec<i32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Puts the calling thread under SCHED_FIFO at `prio`.
+fn set_fifo(prio: i32, reporter: &Reporter) {
+    // Zeroed, then set: musl's sched_param has more fields than glibc's.
+    // SAFETY: sched_param is plain data; all-zero is a valid value.
+    let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+    param.sched_priority = prio;
+    // SCHED_RESET_ON_FORK: perf, spawned from this thread, and any thread it
+    // creates start at normal priority (sched(7)); only the reader is FIFO.
+    let policy = libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK;
+    // SAFETY: pid 0 is the calling thread; `param` is valid.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        reporter.warning(&format!(
+            "--rt-priority {prio}: sched_setscheduler failed ({}); the reader runs at normal priority",
+            std::io::Error::last_os_error()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_token_reads_back_as_itself() {
+        let mut tokens = vec![Token::Ring, Token::Execs, Token::Wake, Token::Logger];
+        for slot in [0, 1, 7, 1000] {
+            tokens.extend(RecorderFd::ALL.map(|fd| Token::Recorder(slot, fd)));
+        }
+        let mut seen = HashSet::new();
+        for t in tokens {
+            assert!(seen.insert(t.encode()), "{t:?} shares its number");
+            assert_eq!(Token::decode(t.encode()), Some(t));
+        }
+        assert_eq!(Token::decode(0), None);
+    }
+}

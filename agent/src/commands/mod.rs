@@ -1,0 +1,5 @@
+//! The subcommands: a capture run (the default), `symbols`, `check` and `report`.
+
+pub mod check;
+pub mod run;
+pub mod symbols;

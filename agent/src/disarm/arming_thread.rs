@@ -1,0 +1,469 @@
+//! The arming thread: detaches and attaches a disarmed trigger's uprobes,
+//! so that the driver thread never waits for either.
+//!
+//! Closing a uprobe's perf event unregisters it, and the kernel then waits
+//! for RCU grace periods (`uprobe_unregister_sync()` in
+//! kernel/events/uprobes.c); installing or removing the breakpoints takes
+//! `dup_mmap_sem` for writing, a per-CPU rwsem whose writers wait for a
+//! grace period too (`register_for_each_vma()`). Both run under the
+//! kernel's `event_mutex` (kernel/trace/trace_event_perf.c). Measured here:
+//! docs/disarming.md. So the driver hands the work to this thread and
+//! hears back through a channel and its wake eventfd.
+//!
+//! A trigger whose uprobes are a [`Switch`] (tracefs uprobe events) is
+//! disarmed and armed by closing and opening one perf event per uprobe,
+//! in milliseconds. Otherwise (no tracefs), the first detach of a trigger
+//! drops the links aya attached (taken out of the programs); later
+//! attaches are made here ([`crate::sys::perf_event`]) and their links are kept
+//! here until the next detach. Either way the last close of a uprobe is a
+//! child's ([`crate::probe::detach`]), waited for a bounded time, so that the
+//! thread always ends.
+
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd, OwnedFd},
+    path::PathBuf,
+    sync::{Arc, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use aya::programs::uprobe::UProbeLink;
+use nix::sys::eventfd::EventFd;
+
+use crate::{
+    disarm::cycle::{RECENT, quantile},
+    disarm::event_uprobes::{Plan as SwitchPlan, Switch},
+    disarm::rcu_warmup::{self, Warmer},
+    probe::detach::{self, Detacher},
+    sys::clock::monotonic_ns,
+    sys::perf_event::{self, RawLink},
+};
+
+/// One uprobe to attach.
+pub struct Point {
+    /// The loaded program (`mt_entry`, `mt_return`, `mt_uretprobe`).
+    pub prog: Arc<OwnedFd>,
+    pub offset: u64,
+    /// A uretprobe.
+    pub ret: bool,
+}
+
+/// A trigger's uprobes, as the arming thread attaches them.
+pub struct ArmPlan {
+    pub trigger: u32,
+    pub path: PathBuf,
+    pub pid: i32,
+    pub points: Vec<Point>,
+    /// When the probes should be in (the cooldown's end),
+    /// CLOCK_MONOTONIC ns. A switch is armed then, after a warm-up
+    /// ([`crate::disarm::rcu_warmup`]); other probes are attached at once.
+    pub at_ns: u64,
+}
+
+enum Work {
+    /// Detach these links and the thread's own for the trigger (or
+    /// disarm its switch).
+    Detach(u32, Vec<UProbeLink>),
+    /// Attach the trigger again (or arm its switch).
+    Attach(ArmPlan),
+    /// Make a trigger's switch, arm it and keep it.
+    SetUp(SwitchPlan),
+    /// The trigger is done: drop what the thread holds of it.
+    Forget(u32),
+}
+
+/// What the thread holds.
+#[derive(Default)]
+struct Held {
+    /// Links the thread attached, by trigger.
+    own: HashMap<u32, Vec<RawLink>>,
+    /// Switches, by trigger.
+    switches: HashMap<u32, Switch>,
+    /// Switches of triggers that are done (or failed to arm), disarmed;
+    /// dropped at the end.
+    retired: Vec<Switch>,
+    /// The warm-up uprobe, made with the first switch (None: it could not
+    /// be, or no switch yet).
+    warmer: Option<Warmer>,
+    warmer_tried: bool,
+    /// A warm-up failed: arms are made at once from then on. The warmer
+    /// is kept (its keeper's last close is the detacher child's).
+    warm_failed: bool,
+    /// Switches warmed up for, waiting for their moment.
+    timed: Vec<Timed>,
+    /// How long the recent arms took once warm, ns.
+    warm_arms: Vec<u64>,
+}
+
+/// A switch to arm at `at_ns` (CLOCK_MONOTONIC), whose warm-up took
+/// `warm_ns`.
+struct Timed {
+    trigger: u32,
+    at_ns: u64,
+    warm_ns: u64,
+}
+
+/// Until measured, how long an arm takes once warm, ns (25 µs-1 ms here,
+/// docs/disarming.md).
+const PRIOR_WARM_ARM_NS: u64 = 500_000;
+
+/// The quantile of the recent warm arms that sets how early an arm starts:
+/// most land just before the cooldown's end, where a call still traps but
+/// the kernel's cooldown drops it.
+const ARM_LEAD_QUANTILE: f64 = 0.75;
+
+impl Held {
+    fn work(&mut self, w: Work) -> Option<Done> {
+        Some(match w {
+            Work::Detach(trigger, links) => match self.switches.get_mut(&trigger) {
+                Some(s) => Done::Detached {
+                    trigger,
+                    per_link_ns: s.disarm(),
+                    warning: None,
+                },
+                None => {
+                    let own = self.own.remove(&trigger).unwrap_or_default();
+                    detach(trigger, links, own)
+                }
+            },
+            Work::Attach(plan) => {
+                if self.switches.contains_key(&plan.trigger) {
+                    return self.arm_at(plan.trigger, plan.at_ns);
+                }
+                attach(plan, &mut self.own)
+            }
+            Work::SetUp(plan) => {
+                if !std::mem::replace(&mut self.warmer_tried, true) {
+                    self.warmer = Warmer::new(plan.events.clone()).ok();
+                }
+                let trigger = plan.trigger;
+                let result = plan.build(&mut self.retired).map(|s| {
+                    let n = s.len();
+                    self.switches.insert(trigger, s);
+                    n
+                });
+                Done::SetUp { trigger, result }
+            }
+            Work::Forget(trigger) => {
+                self.timed.retain(|t| t.trigger != trigger);
+                let links = self.own.remove(&trigger).unwrap_or_default();
+                let mut done = detach(trigger, Vec::new(), links);
+                if let Some(mut s) = self.switches.remove(&trigger) {
+                    if let Done::Detached { per_link_ns, .. } = &mut done {
+                        per_link_ns.extend(s.disarm());
+                    }
+                    // Its keepers' last close waits for grace periods under
+                    // `event_mutex`, which would hold up every other
+                    // trigger's arm: kept, disarmed, until the thread ends.
+                    self.retired.push(s);
+                }
+                done
+            }
+        })
+    }
+
+    /// Arms a trigger's switch at `at_ns`: warms up now and waits
+    /// ([`Held::step`]) if that is far enough off, else arms at once.
+    fn arm_at(&mut self, trigger: u32, at_ns: u64) -> Option<Done> {
+        let now = monotonic_ns();
+        if let Some(w) = self.warmer.as_mut().filter(|_| !self.warm_failed)
+            && at_ns > now + rcu_warmup::WARM_IF_AHEAD_NS
+        {
+            match w.warm() {
+                Ok(warm_ns) => {
+                    self.timed.push(Timed {
+                        trigger,
+                        at_ns,
+                        warm_ns,
+                    });
+                    return None;
+                }
+                // Arms as they were without it, from now on (the driver
+                // hears `can_warm: false` and leads as before).
+                Err(_) => self.warm_failed = true,
+            }
+        }
+        let can_warm = self.can_warm();
+        let s = self.switches.get_mut(&trigger)?;
+        Some(arm(trigger, s, None, can_warm))
+    }
+
+    /// Whether arms are warmed up: a warm-up uprobe, not failed.
+    fn can_warm(&self) -> bool {
+        self.warmer.is_some() && !self.warm_failed
+    }
+
+    /// How early to start a warm arm, ns.
+    fn arm_lead(&self) -> u64 {
+        quantile(&self.warm_arms, ARM_LEAD_QUANTILE).unwrap_or(PRIOR_WARM_ARM_NS)
+    }
+
+    /// When [`Held::step`] has work next, CLOCK_MONOTONIC ns.
+    fn deadline(&self) -> Option<u64> {
+        let first = self.timed.iter().map(|t| t.at_ns).min()?;
+        let arm = first.saturating_sub(self.arm_lead());
+        Some(match &self.warmer {
+            Some(w) => arm.min(w.next_ns()),
+            None => arm,
+        })
+    }
+
+    /// At `now_ns`: arms the timed switches whose moment has come, and
+    /// keeps the kernel warm for the others.
+    fn step(&mut self, now_ns: u64) -> Vec<Done> {
+        let lead = self.arm_lead();
+        let (due, wait): (Vec<Timed>, Vec<Timed>) = std::mem::take(&mut self.timed)
+            .into_iter()
+            .partition(|t| t.at_ns <= now_ns + lead);
+        self.timed = wait;
+        let mut done = Vec::new();
+        for t in due {
+            let Some(s) = self.switches.get_mut(&t.trigger) else {
+                continue;
+            };
+            let d = arm(t.trigger, s, Some(t.warm_ns), true);
+            if let Done::Attached { took_ns, .. } = &d {
+                self.warm_arms.push(took_ns - t.warm_ns);
+                let n = self.warm_arms.len();
+                self.warm_arms.drain(..n.saturating_sub(RECENT));
+            }
+            done.push(d);
+        }
+        if let Some(w) = &mut self.warmer
+            && !self.timed.is_empty()
+            && now_ns >= w.next_ns()
+        {
+            let _ = w.warm();
+        }
+        done
+    }
+}
+
+/// What the thread did.
+#[derive(Debug)]
+pub enum Done {
+    /// A trigger's switch was made and armed: its number of uprobes, or
+    /// why not.
+    SetUp {
+        trigger: u32,
+        result: Result<usize, String>,
+    },
+    /// A trigger's links were detached; time per uprobe, ns, and a
+    /// warning to print, if any ([`detach::wait_for`]).
+    Detached {
+        trigger: u32,
+        per_link_ns: Vec<u64>,
+        warning: Option<String>,
+    },
+    /// A trigger was attached again (or failed to be), at CLOCK_MONOTONIC
+    /// `at_ns`, after `took_ns` of work: the attach, and the warm-up before
+    /// it if `warmed` ([`crate::disarm::rcu_warmup`]; not the wait between the two).
+    /// `can_warm`: the thread warms up before its arms (it has a warm-up
+    /// uprobe that has not failed), whether or not this arm had time to.
+    Attached {
+        trigger: u32,
+        result: Result<(), String>,
+        at_ns: u64,
+        took_ns: u64,
+        warmed: bool,
+        can_warm: bool,
+    },
+}
+
+/// The driver's handle on the thread.
+pub struct Armer {
+    tx: Option<mpsc::Sender<Work>>,
+    pub rx: mpsc::Receiver<Done>,
+    thread: Option<JoinHandle<Held>>,
+}
+
+impl Armer {
+    /// Starts the thread; it writes `wake` after each piece of work.
+    pub fn spawn(wake: Arc<EventFd>) -> std::io::Result<Self> {
+        let (tx, work) = mpsc::channel::<Work>();
+        let (done, rx) = mpsc::channel::<Done>();
+        let thread = std::thread::Builder::new()
+            .name("mt-armer".into())
+            .spawn(move || {
+                raise_priority();
+                let mut held = Held::default();
+                while let Some(w) = next_work(&work, held.deadline()) {
+                    let mut out: Vec<Done> = w.and_then(|w| held.work(w)).into_iter().collect();
+                    out.extend(held.step(monotonic_ns()));
+                    for d in out {
+                        let _ = done.send(d);
+                        let _ = wake.write(1);
+                    }
+                }
+                // Not dropped here: see `finish`.
+                held
+            })?;
+        Ok(Self {
+            tx: Some(tx),
+            rx,
+            thread: Some(thread),
+        })
+    }
+
+    /// Detaches a trigger's uprobes: the given links and those this thread
+    /// attached. Never blocks.
+    pub fn detach(&self, trigger: u32, links: Vec<UProbeLink>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Detach(trigger, links));
+        }
+    }
+
+    /// Makes, arms and keeps a trigger's switch. Never blocks.
+    pub fn set_up(&self, plan: SwitchPlan) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::SetUp(plan));
+        }
+    }
+
+    /// Drops what the thread holds of a trigger. Never blocks.
+    pub fn forget(&self, trigger: u32) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Forget(trigger));
+        }
+    }
+
+    /// Attaches a trigger's uprobes again. Never blocks.
+    pub fn attach(&self, plan: ArmPlan) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Work::Attach(plan));
+        }
+    }
+
+    /// Ends the thread and detaches everything it held, the last closes
+    /// in a child ([`crate::probe::detach`]): returns the child to wait for, or
+    /// why none could be forked (then it is detached here).
+    pub fn finish(&mut self) -> Option<Result<Detacher, std::io::Error>> {
+        self.tx.take();
+        let held = self.thread.take()?.join().ok()?;
+        Some(detach::drop_in_child(held))
+    }
+}
+
+impl Drop for Armer {
+    fn drop(&mut self) {
+        if let Some(Ok(mut d)) = self.finish() {
+            d.wait(std::time::Instant::now() + detach::WAIT);
+        }
+    }
+}
+
+/// How much higher the arming thread's priority is than the agent's own,
+/// in nice steps (so -5 for an agent at nice 0; an agent an operator
+/// niced to 10 gets 5). The driver hands a hit's disarm over right after
+/// the hit's `kill()`, which wakes perf too; at the agent's own nice the
+/// thread then often waited behind perf's switch-output work, 2 ms at p50,
+/// with the probes still in (docs/disarming.md). Its work is short (a
+/// close or an open, 0.03-1 ms), so it takes little from others.
+const NICE_BELOW: libc::c_int = 5;
+
+/// Sets the calling thread's nice [`NICE_BELOW`] under its own; best
+/// effort: without `CAP_SYS_NICE` (or a `RLIMIT_NICE` that allows it) the
+/// thread stays at the agent's.
+fn raise_priority() {
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    nix::errno::Errno::clear();
+    // SAFETY: PRIO_PROCESS with a thread id reads and sets that thread's
+    // nice (setpriority(2), Linux notes). getpriority returns -1 both for
+    // nice -1 and for an error, hence the errno check.
+    unsafe {
+        let own = libc::getpriority(libc::PRIO_PROCESS, tid);
+        if own == -1 && nix::errno::Errno::last_raw() != 0 {
+            return;
+        }
+        libc::setpriority(libc::PRIO_PROCESS, tid, own - NICE_BELOW);
+    }
+}
+
+/// The next piece of work, or Some(None) at `deadline` (CLOCK_MONOTONIC
+/// ns); None once the driver is gone.
+fn next_work(work: &mpsc::Receiver<Work>, deadline: Option<u64>) -> Option<Option<Work>> {
+    let Some(at) = deadline else {
+        return work.recv().ok().map(Some);
+    };
+    let wait = Duration::from_nanos(at.saturating_sub(monotonic_ns()));
+    match work.recv_timeout(wait) {
+        Ok(w) => Some(Some(w)),
+        Err(mpsc::RecvTimeoutError::Timeout) => Some(None),
+        Err(mpsc::RecvTimeoutError::Disconnected) => None,
+    }
+}
+
+/// Detaches links, the last closes in a child ([`crate::probe::detach`]): the
+/// time each uprobe took, ns (the child's time, shared out).
+fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
+    let n = (links.len() + own.len()) as u64;
+    if n == 0 {
+        return Done::Detached {
+            trigger,
+            per_link_ns: Vec::new(),
+            warning: None,
+        };
+    }
+    let t = Instant::now();
+    let warning = detach::drop_and_wait((links, own));
+    let each = t.elapsed().as_nanos() as u64 / n;
+    Done::Detached {
+        trigger,
+        per_link_ns: vec![each; n as usize],
+        warning,
+    }
+}
+
+/// Arms a switch; `warm_ns`: the warm-up's time, if there was one.
+fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>, can_warm: bool) -> Done {
+    let t = Instant::now();
+    let result = s
+        .arm()
+        .map_err(|e| format!("arming the uprobe events of trigger {trigger}: {e}"));
+    Done::Attached {
+        trigger,
+        result,
+        at_ns: monotonic_ns(),
+        took_ns: t.elapsed().as_nanos() as u64 + warm_ns.unwrap_or(0),
+        warmed: warm_ns.is_some(),
+        can_warm,
+    }
+}
+
+fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {
+    let t = Instant::now();
+    let mut links = Vec::new();
+    let mut result = Ok(());
+    // The return probes first and the entry last (as `Switch::arm`).
+    for p in plan.points.iter().rev() {
+        match perf_event::attach(
+            p.prog.as_fd(),
+            &plan.path,
+            p.offset,
+            p.ret,
+            plan.pid,
+            u64::from(plan.trigger),
+        ) {
+            Ok(l) => links.push(l),
+            Err(e) => {
+                result = Err(format!(
+                    "attaching a uprobe to {}+{:#x}: {e}",
+                    plan.path.display(),
+                    p.offset
+                ));
+                links.clear();
+                break;
+            }
+        }
+    }
+    own.entry(plan.trigger).or_default().extend(links);
+    Done::Attached {
+        trigger: plan.trigger,
+        result,
+        at_ns: monotonic_ns(),
+        took_ns: t.elapsed().as_nanos() as u64,
+        warmed: false,
+        can_warm: false,
+    }
+}

@@ -1,0 +1,552 @@
+//! What the agent prints: one line per event, as text or (with `--json`) as
+//! newline-delimited JSON on stdout, each line flushed.
+//!
+//! JSON events have an `"event"` field: `armed`, `hit_accepted`, `snapshot`,
+//! `target_started`, `target_finished` (for `exe` triggers), `warning`,
+//! `summary`, `error`. Their fields are part of mt-agent's interface (README,
+//! "JSON events").
+
+use std::{
+    io::{self, Write},
+    path::PathBuf,
+    sync::Mutex,
+};
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::{
+    capture::snapshot::{IndexedHit, Snapshot, SnapshotKind, Stats},
+    error::Failure,
+    perf::offcpu::OffCpu,
+    probe::counters::CounterValues,
+    symbols::insn::CostHint,
+};
+
+/// Sent once both perf and the probe are ready.
+#[derive(Debug, Clone, Serialize)]
+pub struct Armed {
+    /// Traced process (absent for `--exe`, whose processes come and go).
+    pub pid: Option<i32>,
+    /// perf's pid (absent for `--exe`).
+    pub perf_pid: Option<i32>,
+    /// `--exe`: the executable traced in every process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exe: Option<PathBuf>,
+    /// Trigger index (with --config, several triggers share one agent).
+    pub trigger: u32,
+    /// Sampled event and frequency (Hz).
+    pub event: String,
+    pub freq: u32,
+    /// Trigger function (demangled) and the object it is in.
+    pub symbol: String,
+    pub object: PathBuf,
+    /// File offset of the entry uprobe.
+    pub attach_offset: u64,
+    /// Number of uprobes attached (entry, plus returns for --slower-than).
+    pub uprobes: usize,
+    /// What a hit costs, from the probed instruction.
+    pub cost: Option<CostHint>,
+    /// Output directory.
+    pub output: PathBuf,
+    /// From the agent's start to armed, ms.
+    pub time_to_armed_ms: f64,
+    /// From spawning perf to its first acked `ping`, ms.
+    pub perf_ready_ms: f64,
+    /// `continuous` or `flight-recorder`.
+    pub recording: &'static str,
+    /// Flight recorder: bytes of each of perf's rings (one per CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flight_ring_bytes: Option<u64>,
+    /// How perf unwinds stacks (`mode`: `fp`, `dwarf,SIZE` or
+    /// `pass-through`) and why.
+    pub unwinding: crate::perf::unwind::Unwinding,
+    /// perf also records the target threads' context switches, with a stack
+    /// at each switch-out: the off-CPU breakdown.
+    pub off_cpu: bool,
+}
+
+impl Armed {
+    /// How perf keeps samples, in words.
+    fn recording_words(&self) -> String {
+        let how = match self.flight_ring_bytes {
+            Some(b) => format!("in a flight recorder of {} KiB per CPU", b / 1024),
+            None => "continuously".into(),
+        };
+        if self.off_cpu {
+            format!("{how}, with its context switches for the off-CPU breakdown")
+        } else {
+            how
+        }
+    }
+}
+
+/// One completed snapshot, as printed: the traced process, the snapshot's
+/// number, then the snapshot's fields (as in the index).
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotEvent<'a> {
+    /// The traced process it belongs to.
+    pub pid: i32,
+    /// Number of this snapshot (hit and tail counted together), from 1.
+    pub n: u64,
+    #[serde(flatten)]
+    pub snapshot: &'a Snapshot,
+}
+
+/// The end of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Why the run ended.
+    pub end: String,
+    /// The exit code the agent ends with.
+    pub exit_code: i32,
+    /// Kernel counters.
+    pub counters: CounterValues,
+    /// Userspace counts: delivered, merged, snapshots.
+    pub stats: Stats,
+    /// `--slower-than` calls entered but not returned when the run ended.
+    pub open_calls: u64,
+    /// perf's CPU time, seconds, and how it exited.
+    pub perf_cpu_s: Option<f64>,
+    pub perf_exit: Option<String>,
+    /// Agent's peak RSS (VmHWM), KiB.
+    pub agent_peak_rss_kib: Option<u64>,
+    /// Agent's CPU time (user + system, all threads), seconds.
+    pub agent_cpu_s: f64,
+    /// Run time, seconds.
+    pub duration_s: f64,
+    pub output: PathBuf,
+    /// `--exe` and `--config`: each recorder (one per traced process).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recorders: Vec<crate::capture::outcome::RecorderSummary>,
+    /// Hits from processes that had no recorder.
+    pub unrecorded_hits: u64,
+    /// Processes of an `--exe` beyond `--max-targets`, not recorded.
+    pub extra_processes: u64,
+    /// Probes detached during cooldowns (README, "Disarming").
+    pub disarm: crate::disarm::cycle::DisarmSummary,
+}
+
+/// Prints events.
+pub struct Reporter {
+    json: bool,
+    verbose: bool,
+    out: Mutex<()>,
+    /// stdout's reader went away (EPIPE): nothing more is written there.
+    stdout_gone: std::sync::atomic::AtomicBool,
+    /// Wakes [`Reporter::stdout_closed`] once, at the first EPIPE.
+    gone: tokio::sync::Notify,
+}
+
+impl Reporter {
+    pub fn new(json: bool, verbose: bool) -> Self {
+        Self {
+            json,
+            verbose,
+            out: Mutex::new(()),
+            stdout_gone: Default::default(),
+            gone: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Writes one line to stdout. When the reader has gone (EPIPE: `| head`),
+    /// stops writing there and wakes [`Reporter::stdout_closed`], which the
+    /// run takes as a request to end cleanly, like SIGTERM. (Rust ignores
+    /// SIGPIPE, so the write fails instead of killing the agent while perf
+    /// and the probes are live.)
+    fn print(&self, line: &str) {
+        use std::sync::atomic::Ordering;
+        let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stdout_gone.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut out = io::stdout().lock();
+        let r = writeln!(out, "{line}").and_then(|()| out.flush());
+        if let Err(e) = r
+            && e.kind() == io::ErrorKind::BrokenPipe
+            && !self.stdout_gone.swap(true, Ordering::Relaxed)
+        {
+            // notify_one keeps a permit if nobody waits yet.
+            self.gone.notify_one();
+        }
+    }
+
+    /// Completes once a write to stdout has failed with EPIPE.
+    pub async fn stdout_closed(&self) {
+        self.gone.notified().await;
+    }
+
+    fn print_json(&self, value: serde_json::Value) {
+        self.print(&value.to_string());
+    }
+
+    fn event<T: Serialize>(&self, name: &str, body: &T) {
+        let mut v = serde_json::to_value(body).unwrap_or_else(|_| json!({}));
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("event".into(), json!(name));
+        }
+        self.print_json(v);
+    }
+
+    /// `armed`.
+    pub fn armed(&self, a: &Armed) {
+        if self.json {
+            return self.event("armed", a);
+        }
+        let cost = a
+            .cost
+            .as_ref()
+            .map(|c| format!("; a hit costs {}", c.describe()))
+            .unwrap_or_default();
+        let probes = format!(
+            "{} uprobe{} on {} in {}{cost}; stacks: {} ({})",
+            a.uprobes,
+            if a.uprobes == 1 { "" } else { "s" },
+            a.symbol,
+            a.object.display(),
+            a.unwinding.mode,
+            a.unwinding.reason
+        );
+        match (a.pid, a.perf_pid, &a.exe) {
+            (Some(pid), Some(perf_pid), _) => self.print(&format!(
+                "armed in {:.0} ms (perf ready in {:.0} ms): perf (pid {perf_pid}) records pid {pid} \
+                 with {} at {} Hz {}; {probes}; writing to {}",
+                a.time_to_armed_ms,
+                a.perf_ready_ms,
+                a.event,
+                a.freq,
+                a.recording_words(),
+                a.output.display()
+            )),
+            (_, _, exe) => self.print(&format!(
+                "armed in {:.0} ms: {probes}, for every process running {}; one perf per process \
+                 ({} at {} Hz {}) writing to {}/<pid>",
+                a.time_to_armed_ms,
+                exe.as_deref().unwrap_or(&a.object).display(),
+                a.event,
+                a.freq,
+                a.recording_words(),
+                a.output.display()
+            )),
+        }
+    }
+
+    /// `target_started` / `target_finished`: a recorder for one process of
+    /// an `--exe` trigger.
+    pub fn target(
+        &self,
+        pid: i32,
+        trigger: u32,
+        state: &str,
+        output: &std::path::Path,
+        end: Option<&str>,
+    ) {
+        if self.json {
+            let mut v = json!({"event": format!("target_{state}"), "pid": pid, "trigger": trigger, "output": output});
+            if let Some(e) = end {
+                v["end"] = json!(e);
+            }
+            return self.print_json(v);
+        }
+        match end {
+            Some(e) => self.print(&format!(
+                "pid {pid}: recording {state} ({e}); snapshots in {}",
+                output.display()
+            )),
+            None => self.print(&format!(
+                "pid {pid}: recording {state}, into {}",
+                output.display()
+            )),
+        }
+    }
+
+    /// `disarmed`: a trigger's uprobes are detached until about `rearm_ns`
+    /// (CLOCK_MONOTONIC), the end of its cooldown. Printed in JSON mode, and
+    /// at -v in text mode.
+    pub fn disarmed(&self, trigger: u32, rearm_ns: u64) {
+        if self.json {
+            return self.print_json(
+                json!({"event": "disarmed", "trigger": trigger, "rearm_ns": rearm_ns}),
+            );
+        }
+        if self.verbose {
+            self.print(&format!(
+                "trigger {trigger} disarmed until its cooldown ends"
+            ));
+        }
+    }
+
+    /// `rearmed`: a trigger's uprobes are attached again, `late_ns` after
+    /// its cooldown ended. Printed in JSON mode, and at -v in text mode.
+    pub fn rearmed(&self, trigger: u32, late_ns: u64) {
+        if self.json {
+            return self
+                .print_json(json!({"event": "rearmed", "trigger": trigger, "late_ns": late_ns}));
+        }
+        if self.verbose {
+            self.print(&format!(
+                "trigger {trigger} re-armed {:.0} µs after its cooldown ended",
+                late_ns as f64 / 1000.0
+            ));
+        }
+    }
+
+    /// `hit_accepted`: printed in JSON mode, and at -v in text mode.
+    pub fn hit(&self, h: &IndexedHit) {
+        if self.json {
+            return self.event("hit_accepted", h);
+        }
+        if self.verbose {
+            self.print(&format!(
+                "hit {}: tid {} cpu {} args {}",
+                h.seq,
+                h.tid,
+                h.cpu,
+                args(&h.args)
+            ));
+        }
+    }
+
+    /// `snapshot`.
+    pub fn snapshot(&self, e: &SnapshotEvent<'_>) {
+        if self.json {
+            return self.event("snapshot", e);
+        }
+        let s = e.snapshot;
+        let size = human_bytes(s.bytes);
+        match s.kind {
+            SnapshotKind::Hit => {
+                let first = &s.hits[0];
+                let merged = s.hits.len() as u64 - 1 + s.unlisted_hits;
+                let merged = if merged > 0 {
+                    format!(" (+{merged} merged)")
+                } else {
+                    String::new()
+                };
+                let dur = first
+                    .duration_ns
+                    .map(|d| format!(", call took {}", human_ns(d)))
+                    .unwrap_or_default();
+                let kill = s
+                    .hit_to_kill_ns
+                    .map(|k| format!(", signalled {} after the hit", human_ns(k)))
+                    .unwrap_or_default();
+                let off = first.off_cpu.map(breakdown_text).unwrap_or_default();
+                self.print(&format!(
+                    "snapshot {}: {} ({size}): hit {} in tid {}, args {}{dur}{off}{kill}{merged}",
+                    e.n,
+                    s.file,
+                    first.seq,
+                    first.tid,
+                    args(&first.args)
+                ));
+            }
+            SnapshotKind::Tail => {
+                let n = s.hits.len() as u64 + s.unlisted_hits;
+                let hits = if n == 0 {
+                    String::new()
+                } else {
+                    format!(", {n} late hit(s) merged")
+                };
+                self.print(&format!("tail {}: {} ({size}){hits}", e.n, s.file));
+            }
+        }
+    }
+
+    /// `warning`: text goes to stderr, JSON to stdout.
+    pub fn warning(&self, message: &str) {
+        if self.json {
+            return self.print_json(json!({"event": "warning", "message": message}));
+        }
+        eprintln!("mt-agent: warning: {message}");
+    }
+
+    /// Detail at -v (text only).
+    pub fn verbose(&self, message: &str) {
+        if self.verbose && !self.json {
+            eprintln!("mt-agent: {message}");
+        }
+    }
+
+    /// `summary`.
+    pub fn summary(&self, s: &Summary) {
+        if self.json {
+            return self.event("summary", s);
+        }
+        let c = &s.counters;
+        let dropped = c.dropped.total();
+        let why = if dropped > 0 {
+            format!(" ({})", c.dropped.describe())
+        } else {
+            String::new()
+        };
+        let open = if s.open_calls > 0 {
+            format!(", {} calls still open", s.open_calls)
+        } else {
+            String::new()
+        };
+        self.print(&format!(
+            "summary: seen {}, dropped {dropped}{why}, accepted {}, merged {}, lost {}{open}; \
+             snapshots: {} hit + {} tail in {}",
+            c.seen,
+            c.accepted,
+            s.stats.merged,
+            c.lost,
+            s.stats.hit_snapshots,
+            s.stats.tail_snapshots,
+            s.output.display()
+        ));
+        let perf = match (&s.perf_exit, s.perf_cpu_s) {
+            (Some(e), Some(cpu)) => format!("; perf used {cpu:.2} s CPU and ended with {e}"),
+            (Some(e), None) => format!("; perf ended with {e}"),
+            // Several recorders: their perfs' CPU time, summed.
+            (None, Some(cpu)) => format!(
+                "; {} perf process(es) used {cpu:.2} s CPU",
+                s.recorders.len()
+            ),
+            (None, None) => String::new(),
+        };
+        let mut unrecorded = String::new();
+        if s.unrecorded_hits > 0 {
+            unrecorded += &format!(
+                "; {} hits came from processes with no recorder",
+                s.unrecorded_hits
+            );
+        }
+        if s.extra_processes > 0 {
+            unrecorded += &format!(
+                "; {} matching processes not recorded (--max-targets)",
+                s.extra_processes
+            );
+        }
+        let unsnap = if s.stats.unsnapshotted > 0 {
+            format!(
+                "; {} hits got no snapshot (perf ended first)",
+                s.stats.unsnapshotted
+            )
+        } else {
+            String::new()
+        };
+        self.disarm_lines(&s.disarm);
+        self.print(&format!(
+            "ended: {} after {:.1} s{perf}{unsnap}{unrecorded}",
+            s.end, s.duration_s
+        ));
+    }
+
+    /// The summary's lines on disarming, when there was any.
+    fn disarm_lines(&self, d: &crate::disarm::cycle::DisarmSummary) {
+        if d.cycles > 0 {
+            let late = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+            self.print(&format!(
+                "disarmed: {} times, {:.2} s in all; re-armed late by {}/{} µs (p50/p99)",
+                d.cycles,
+                d.disarmed_s,
+                late(d.rearm_late_us_p50),
+                late(d.rearm_late_us_p99)
+            ));
+        }
+        if d.kept_armed > 0 {
+            self.print(&format!(
+                "kept armed after {} hits: a detach and an attach take longer than \
+                     what was left of the cooldown",
+                d.kept_armed
+            ));
+        }
+    }
+
+    /// `error`: one line (plus detail lines) on stderr, or a JSON event.
+    pub fn error(&self, f: &Failure) {
+        if self.json {
+            return self.print_json(json!({
+                "event": "error",
+                "message": f.message,
+                "detail": f.detail,
+                "exit_code": f.code as i32,
+            }));
+        }
+        eprintln!("mt-agent: error: {}", f.message);
+        for d in &f.detail {
+            eprintln!("  {d}");
+        }
+    }
+}
+
+fn args(a: &[u64]) -> String {
+    let parts: Vec<String> = a
+        .iter()
+        .map(|v| {
+            if *v < 10 {
+                v.to_string()
+            } else {
+                format!("{v:#x}")
+            }
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// `153 µs`, `1.2 ms`, `850 ns`.
+pub fn human_ns(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 => format!("{:.2} s", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} ms", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{} µs", n / 1_000),
+        n => format!("{n} ns"),
+    }
+}
+
+/// `5.3 KiB`, `1.2 MiB`.
+pub fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+/// ` (on CPU 20.1 ms, runnable 0 ns, blocked 100.2 ms)`: a hit's off-CPU
+/// breakdown for the text output.
+fn breakdown_text(o: OffCpu) -> String {
+    let b = o.breakdown;
+    format!(
+        " (on CPU {}, runnable {}, blocked {})",
+        human_ns(b.on_cpu_ns),
+        human_ns(b.runnable_ns),
+        human_ns(b.blocked_ns)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_event_is_the_snapshot_record_with_its_process_and_number() {
+        let snapshot = Snapshot {
+            kind: SnapshotKind::Tail,
+            file: "perf.data.1".into(),
+            bytes: 812,
+            hits: vec![],
+            hit_to_kill_ns: None,
+            unlisted_hits: 0,
+            span: None,
+        };
+        let event = SnapshotEvent {
+            pid: 42,
+            n: 3,
+            snapshot: &snapshot,
+        };
+        assert_eq!(
+            serde_json::to_string(&event).unwrap(),
+            r#"{"pid":42,"n":3,"kind":"tail","file":"perf.data.1","bytes":812,"hits":[]}"#
+        );
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_ns(153_000), "153 µs");
+        assert_eq!(human_ns(1_200_000), "1.2 ms");
+        assert_eq!(human_bytes(5416), "5.3 KiB");
+    }
+}

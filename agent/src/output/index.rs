@@ -1,0 +1,348 @@
+//! The output directory and its index, `OUT/snapshots.jsonl`.
+//!
+//! The index has one JSON object per line, appended with a single `write()`
+//! as each snapshot completes, so a reader never sees half a line:
+//!
+//! ```text
+//! {"kind":"hit","file":"perf.data.2026113007462335","bytes":5416,
+//!  "hits":[{"seq":1,"tgid":4242,"tid":4243,"cpu":1,"ktime_ns":330734672679,
+//!           "args":[0,0,0,0,0,0],"merged":false}],
+//!  "hit_to_kill_ns":153000,"counters":{...},"merged":0}
+//! {"kind":"tail","file":"perf.data.2026113007462401","bytes":812,"hits":[],"counters":{...},"merged":0}
+//! {"kind":"deleted","file":"perf.data.2026113007462335"}
+//! ```
+//!
+//! Files the agent creates use `O_EXCL | O_NOFOLLOW` and mode 0600; the
+//! directory is 0700.
+
+use std::{
+    fs::{self, DirBuilder, File, OpenOptions},
+    io::{self, Write},
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+
+use crate::{capture::snapshot::Snapshot, error::Failure, probe::counters::CounterValues};
+
+/// File name of the index inside the output directory.
+pub const INDEX_FILE: &str = "snapshots.jsonl";
+
+/// Local time as `YYYYmmdd-HHMMSS`.
+pub fn local_timestamp() -> String {
+    // SAFETY: time(NULL) and localtime_r with valid pointers.
+    unsafe {
+        let t = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        format!(
+            "{:04}{:02}{:02}-{:02}{:02}{:02}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday,
+            tm.tm_hour,
+            tm.tm_min,
+            tm.tm_sec
+        )
+    }
+}
+
+/// The output directory of a run. Unless [`OutputDir::keep`] is called, it
+/// is tidied away on drop: an empty index is removed, and the directory too
+/// if mt-agent created it and it is empty. So a run that fails before perf
+/// wrote anything leaves nothing behind.
+pub struct OutputDir {
+    pub path: PathBuf,
+    created: bool,
+    keep: bool,
+}
+
+impl OutputDir {
+    /// Creates (or accepts) the directory; see [`prepare_output_dir`].
+    pub fn prepare(dir: &Path) -> Result<Self, Failure> {
+        let created = prepare_output_dir(dir)?;
+        let path = dir
+            .canonicalize()
+            .map_err(|e| Failure::usage(format!("output directory {}: {e}", dir.display())))?;
+        Ok(Self {
+            path,
+            created,
+            keep: false,
+        })
+    }
+
+    /// The run produced output: keep everything.
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        let index = self.path.join(INDEX_FILE);
+        if fs::metadata(&index).is_ok_and(|m| m.len() == 0) {
+            let _ = fs::remove_file(&index);
+        }
+        if self.created {
+            // Fails, as it should, unless the directory is empty.
+            let _ = fs::remove_dir(&self.path);
+        }
+    }
+}
+
+/// Creates the output directory (mode 0700). An existing directory is
+/// accepted only if it is empty, ours, and not writable by others. Returns
+/// whether it was created.
+///
+/// Errors (exit code 2): it exists and is not empty, it is not a directory,
+/// or it cannot be created (read-only file system, missing parent).
+pub fn prepare_output_dir(dir: &Path) -> Result<bool, Failure> {
+    match fs::symlink_metadata(dir) {
+        Ok(meta) => {
+            if !meta.is_dir() {
+                return Err(Failure::usage(format!(
+                    "output {} exists and is not a directory; give a new --output",
+                    dir.display()
+                )));
+            }
+            let not_empty = fs::read_dir(dir)
+                .map_err(|e| {
+                    Failure::usage(format!(
+                        "cannot read output directory {}: {e}",
+                        dir.display()
+                    ))
+                })?
+                .next()
+                .is_some();
+            if not_empty {
+                return Err(Failure::usage(format!(
+                    "output directory {} exists and is not empty (a previous run?); \
+                     give a new --output",
+                    dir.display()
+                )));
+            }
+            // SAFETY: geteuid has no preconditions.
+            let euid = unsafe { libc::geteuid() };
+            if meta.uid() != euid || meta.mode() & 0o022 != 0 {
+                return Err(Failure::usage(format!(
+                    "output directory {} is not owned by us or is writable by others; \
+                     give a new --output (mt-agent creates it)",
+                    dir.display()
+                )));
+            }
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| {
+                Failure::usage(format!(
+                    "cannot use output directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            check_writable(dir).map(|()| false)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map(|()| true)
+            .map_err(|e| {
+                Failure::usage(format!(
+                    "cannot create output directory {}: {e}; give a writable --output",
+                    dir.display()
+                ))
+            }),
+        Err(e) => Err(Failure::usage(format!(
+            "output directory {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+fn check_writable(dir: &Path) -> Result<(), Failure> {
+    if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_err()
+        || nix::sys::statvfs::statvfs(dir)
+            .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+    {
+        return Err(Failure::usage(format!(
+            "output directory {} is not writable (read-only file system?); give a writable --output",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Creates a new file in the output directory: `O_EXCL | O_NOFOLLOW`, mode
+/// 0600, so a file or symlink planted there is never followed or reused.
+pub fn create_exclusive(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// The index writer.
+pub struct Index {
+    file: File,
+    path: PathBuf,
+    /// Bytes of complete lines written so far.
+    len: u64,
+}
+
+/// One index line for a completed snapshot: the snapshot's fields, then
+/// the kernel's counters and the merged count at that moment.
+#[derive(Debug, Serialize)]
+pub struct Entry<'a> {
+    #[serde(flatten)]
+    pub snapshot: &'a Snapshot,
+    /// The kernel's counters when the snapshot completed.
+    pub counters: CounterValues,
+    /// Hits merged into snapshots so far.
+    pub merged: u64,
+    /// The trigger's disarming so far (README, "Disarming during a
+    /// cooldown"); absent for a trigger that never disarms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disarm: Option<crate::disarm::cycle::DisarmCounters>,
+}
+
+impl Index {
+    /// Creates `dir/snapshots.jsonl`.
+    pub fn create(dir: &Path) -> io::Result<Self> {
+        let path = dir.join(INDEX_FILE);
+        Ok(Self {
+            file: create_exclusive(&path)?,
+            path,
+            len: 0,
+        })
+    }
+
+    /// The index's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends a snapshot line.
+    pub fn snapshot(
+        &mut self,
+        snapshot: &Snapshot,
+        counters: CounterValues,
+        merged: u64,
+        disarm: Option<crate::disarm::cycle::DisarmCounters>,
+    ) -> io::Result<()> {
+        self.line(&Entry {
+            snapshot,
+            counters,
+            merged,
+            disarm,
+        })
+    }
+
+    /// Appends a line saying a listed file was deleted (perf's
+    /// `--switch-max-files`, from `--keep`).
+    pub fn deleted(&mut self, file: &str) -> io::Result<()> {
+        self.line(&serde_json::json!({"kind": "deleted", "file": file}))
+    }
+
+    fn line<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
+        let mut buf = serde_json::to_vec(value).map_err(io::Error::other)?;
+        buf.push(b'\n');
+        // One write() per line, appended with O_APPEND. On a full disk a
+        // write can land in part: cut the file back to its last complete
+        // line, so the index never holds half a line.
+        match self.file.write_all(&buf) {
+            Ok(()) => {
+                self.len += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::snapshot::SnapshotKind;
+
+    #[test]
+    fn output_dir_rules() {
+        let tmp = tempfile::tempdir().unwrap();
+        let new = tmp.path().join("a/b");
+        assert!(prepare_output_dir(&new).unwrap());
+        assert_eq!(fs::metadata(&new).unwrap().mode() & 0o777, 0o700);
+        // Empty and ours: accepted again.
+        assert!(!prepare_output_dir(&new).unwrap());
+        fs::write(new.join("x"), "").unwrap();
+        let err = prepare_output_dir(&new).unwrap_err();
+        assert!(err.message.contains("not empty"), "{}", err.message);
+        let file = tmp.path().join("f");
+        fs::write(&file, "").unwrap();
+        assert!(
+            prepare_output_dir(&file)
+                .unwrap_err()
+                .message
+                .contains("not a directory")
+        );
+    }
+
+    #[test]
+    fn an_unused_output_dir_is_tidied_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out");
+        {
+            let out = OutputDir::prepare(&dir).unwrap();
+            Index::create(&out.path).unwrap();
+        }
+        assert!(!dir.exists());
+        {
+            let mut out = OutputDir::prepare(&dir).unwrap();
+            let mut idx = Index::create(&out.path).unwrap();
+            idx.deleted("x").unwrap();
+            out.keep();
+        }
+        assert!(dir.join(INDEX_FILE).exists());
+    }
+
+    #[test]
+    fn index_lines_are_json_and_never_follow_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut idx = Index::create(tmp.path()).unwrap();
+        let snap = Snapshot {
+            kind: SnapshotKind::Tail,
+            file: "perf.data.1".into(),
+            bytes: 10,
+            hits: vec![],
+            hit_to_kill_ns: None,
+            unlisted_hits: 0,
+            span: None,
+        };
+        idx.snapshot(&snap, CounterValues::default(), 0, None)
+            .unwrap();
+        idx.deleted("perf.data.1").unwrap();
+        let text = fs::read_to_string(idx.path()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            r#"{"kind":"tail","file":"perf.data.1","bytes":10,"hits":[],"counters":{"seen":0,"dropped":{"tid":0,"when":0,"duration":0,"every":0,"rate":0,"cooldown":0,"no_return":0,"error":0},"accepted":0,"lost":0},"merged":0}"#
+        );
+        assert_eq!(lines[0]["kind"], "tail");
+        assert_eq!(lines[1]["kind"], "deleted");
+        assert_eq!(fs::metadata(idx.path()).unwrap().mode() & 0o777, 0o600);
+
+        let dir2 = tempfile::tempdir().unwrap();
+        let victim = dir2.path().join("victim");
+        fs::write(&victim, "keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir2.path().join(INDEX_FILE)).unwrap();
+        assert!(Index::create(dir2.path()).is_err());
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+    }
+}

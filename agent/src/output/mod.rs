@@ -1,0 +1,7 @@
+//! What a run writes: its events on stdout, the index of its snapshots, and `run.json`.
+
+pub mod events;
+pub mod index;
+pub mod run_file;
+pub mod runs;
+pub mod write;

@@ -1,0 +1,140 @@
+//! `OUT/run.json`: what the report needs to know of a run that the
+//! snapshots do not say: each trigger's function and object. Written by a
+//! capture run when it ends (if it wrote any snapshot), read by the report.
+//!
+//! ```text
+//! {"triggers":[{"dir":"","symbol":"handle_request","object":"/srv/app",
+//!               "pid":4242,"exe":null,"event":"cpu-clock","freq":999}]}
+//! ```
+//!
+//! `dir` is the trigger's output directory relative to the file's own
+//! directory, so the file stays right when OUT is copied elsewhere.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::runs::{RunDir, open_regular};
+use crate::output::events::Armed;
+
+/// The file's name in OUT.
+pub const RUN_FILE: &str = "run.json";
+
+/// One trigger of the run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Trigger {
+    pub dir: PathBuf,
+    pub symbol: String,
+    pub object: PathBuf,
+    pub pid: Option<i32>,
+    pub exe: Option<PathBuf>,
+    pub event: String,
+    pub freq: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RunFile {
+    triggers: Vec<Trigger>,
+}
+
+/// Writes `out/run.json` when the run left snapshots in `out`; a failure
+/// is a warning (the report then names no trigger function).
+pub fn write(out: &Path, armed: &[Armed]) -> Result<(), String> {
+    let has_snapshots =
+        super::runs::discover(out).is_ok_and(|runs| runs.iter().any(|r| !r.entries.is_empty()));
+    if !has_snapshots {
+        return Ok(());
+    }
+    let triggers = armed
+        .iter()
+        .map(|a| Trigger {
+            dir: a
+                .output
+                .strip_prefix(out)
+                .unwrap_or(Path::new(""))
+                .to_path_buf(),
+            symbol: a.symbol.clone(),
+            object: a.object.clone(),
+            pid: a.pid,
+            exe: a.exe.clone(),
+            event: a.event.clone(),
+            freq: a.freq,
+        })
+        .collect();
+    let text = serde_json::to_vec(&RunFile { triggers }).map_err(|e| e.to_string())?;
+    super::write::replace(&out.join(RUN_FILE), &text).map_err(|e| e.to_string())
+}
+
+/// The trigger of an index directory, from the nearest `run.json` at or
+/// above it (up to OUT): the trigger whose directory is the index's, or
+/// its parent (`--exe`: `<trigger dir>/<pid>`).
+pub fn trigger_of(out: &Path, run: &RunDir) -> Option<Trigger> {
+    let mut base = Some(run.rel.as_path());
+    while let Some(b) = base {
+        if let Ok(f) = open_regular(&out.join(b).join(RUN_FILE)) {
+            let file: RunFile = serde_json::from_reader(std::io::BufReader::new(f)).ok()?;
+            let rel = run.rel.strip_prefix(b).ok()?;
+            return file
+                .triggers
+                .into_iter()
+                .find(|t| t.dir == rel || Some(t.dir.as_path()) == rel.parent());
+        }
+        base = b.parent();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn armed(output: PathBuf, symbol: &str) -> Armed {
+        Armed {
+            pid: None,
+            perf_pid: None,
+            exe: Some("/bin/x".into()),
+            trigger: 0,
+            event: "cpu-clock".into(),
+            freq: 999,
+            symbol: symbol.into(),
+            object: "/bin/x".into(),
+            attach_offset: 0,
+            uprobes: 1,
+            cost: None,
+            output,
+            time_to_armed_ms: 0.0,
+            perf_ready_ms: 0.0,
+            recording: "continuous",
+            flight_ring_bytes: None,
+            unwinding: crate::perf::unwind::Unwinding {
+                mode: "fp".into(),
+                reason: "test".into(),
+            },
+            off_cpu: false,
+        }
+    }
+
+    #[test]
+    fn triggers_are_found_from_their_index_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path();
+        let a = [armed(out.join("api"), "f"), armed(out.join("db"), "g")];
+        // No snapshot: no file.
+        write(out, &a).unwrap();
+        assert!(!out.join(RUN_FILE).exists());
+        std::fs::create_dir_all(out.join("api/42")).unwrap();
+        std::fs::write(
+            out.join("api/42/snapshots.jsonl"),
+            "{\"kind\":\"tail\",\"file\":\"perf.data.1\"}\n",
+        )
+        .unwrap();
+        write(out, &a).unwrap();
+        let runs = crate::output::runs::discover(out).unwrap();
+        assert_eq!(trigger_of(out, &runs[0]).unwrap().symbol, "f");
+        // From a copy, given the trigger's directory as OUT: no run.json
+        // at or above it.
+        let sub = out.join("api");
+        let runs = crate::output::runs::discover(&sub).unwrap();
+        assert!(trigger_of(&sub, &runs[0]).is_none());
+    }
+}

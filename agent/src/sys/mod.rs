@@ -1,0 +1,7 @@
+//! Linux helpers with no policy of their own: the clock, capabilities, safe opens and raw perf and BPF syscalls.
+
+pub mod caps;
+pub mod child;
+pub mod clock;
+pub mod perf_event;
+pub mod safe_open;
