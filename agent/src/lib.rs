@@ -1,5 +1,7 @@
 //! mt-agent: profile the moment a function is called. DEVELOPERS.md maps the stages below.
 
+// The stages, in the order of the data path: each imports only those after
+// it (`cargo xtask layout` checks it).
 pub mod capture;
 pub mod commands;
 pub mod disarm;

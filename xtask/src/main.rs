@@ -6,11 +6,13 @@
 //! * `dist`: the static musl release tarball, reproducibly.
 //! * `bench [--quick] [--only PART]`: overhead, latency, storm and time to armed, as tables.
 //! * `fuzz [--seconds N] [--seed S]`: malformed ELF files and names, for N seconds.
+//! * `layout`: the layout rules of `agent/src` checked, and its figures.
 
 mod bench;
 mod demo;
 mod dist;
 mod fuzz;
+mod layout;
 mod setup;
 mod test;
 mod util;
@@ -65,6 +67,9 @@ enum Task {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Check agent/src's layout (stages, import circles, `//!` lines) and
+    /// that no file names a missing file; print the figures.
+    Layout,
     /// Run setup, then every test. End-to-end tests run as root (via sudo).
     Test {
         /// Skip setup (it is idempotent, but checks take a few seconds).
@@ -90,6 +95,7 @@ fn main() -> std::process::ExitCode {
         } => test::test(&filter, no_setup, skip_release),
         Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Fuzz { seconds, seed } => fuzz::fuzz(seconds, seed),
+        Task::Layout => layout::layout(),
         Task::Dist { target_dir, out } => {
             dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())
         }

@@ -21,19 +21,25 @@ use std::{
 use nix::sys::signal::Signal;
 
 use crate::{
-    capture::disk_budget::Keeper,
-    capture::end::{RecorderFacts, recorder_end},
-    capture::outcome::{EndReason, RecorderOutcome},
-    capture::snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
-    capture::target,
+    capture::{
+        disk_budget::Keeper,
+        end::{RecorderFacts, recorder_end},
+        outcome::{EndReason, RecorderOutcome},
+        snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
+    },
     error::Failure,
-    output::events::{Reporter, SnapshotEvent},
-    output::index::{Index, OutputDir},
-    perf::data,
-    perf::offcpu::{self, OffCpu},
-    perf::{self, PerfLine, PerfProcess, PerfSpec, Recording, SpinDetector},
+    output::{
+        events::{Reporter, SnapshotEvent},
+        index::{Index, OutputDir},
+    },
+    perf,
+    perf::{
+        data, offcpu,
+        offcpu::OffCpu,
+        record::{PerfLine, PerfProcess, PerfSpec, Recording, SpinDetector},
+    },
     probe::counters::Counters,
-    sys::clock::Now,
+    sys::{clock::Now, proc},
 };
 
 /// Between `stop` and SIGTERM, and between SIGTERM and SIGKILL (perf's own
@@ -324,7 +330,7 @@ impl Recorder {
             ..spec.clone()
         };
         let spawned = Instant::now();
-        let mut perf = PerfProcess::spawn(&spec)
+        let mut perf = crate::perf::record::PerfProcess::spawn(&spec)
             .map_err(|e| Failure::runtime(format!("starting perf: {e:#}")))?;
         // perf answers only from its main loop: an ack means SIGUSR2 works.
         let _ = perf.ping();
@@ -347,9 +353,9 @@ impl Recorder {
             listed: Vec::new(),
             indexed: HashSet::new(),
             snapshots: 0,
-            target_pidfd: perf::pidfd_open(tgid).ok(),
-            exe_id: target::exe_id(tgid),
-            spin: SpinDetector::new(Duration::from_secs(2), 0.9),
+            target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
+            exe_id: proc::exe_id(tgid),
+            spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
             keeper,
             spec_recording: spec.recording,
@@ -404,7 +410,7 @@ impl Recorder {
         // perf records now: keep the objects the target maps. The flight
         // recorder writes nothing until a hit, so neither does the cache: it
         // holds the files open, and copies them at the first hit.
-        if self.spec_recording == Recording::Continuous {
+        if self.spec_recording == crate::perf::record::Recording::Continuous {
             crate::capture::build_id_cache::scan(self.tgid);
         } else {
             crate::capture::build_id_cache::hold(self.tgid);
@@ -461,7 +467,7 @@ impl Recorder {
         let tgid = hit.tgid as i32;
         let actions = self.machine.on_hit(hit, now.ns);
         let feedback = self.apply(actions, now);
-        if self.spec_recording != Recording::Continuous {
+        if self.spec_recording != crate::perf::record::Recording::Continuous {
             // The flight recorder's cache is written from its first hit on
             // (after perf was signalled): what perf-ready held, and what the
             // hitting process maps now, while it surely runs.
@@ -550,7 +556,7 @@ impl Recorder {
     /// Exec: the probe is bound to the old file and no longer fires.
     fn watch_for_exec(&mut self, now: Now) {
         if self.phase.ending().is_none()
-            && let (Some(was), Some(now_id)) = (self.exe_id, target::exe_id(self.tgid))
+            && let (Some(was), Some(now_id)) = (self.exe_id, proc::exe_id(self.tgid))
             && was != now_id
         {
             self.reporter.warning(&format!(
@@ -582,7 +588,7 @@ impl Recorder {
         let mut feedback = Feedback::default();
         for line in lines {
             match line {
-                PerfLine::Dump(path) => {
+                crate::perf::record::PerfLine::Dump(path) => {
                     let name = path
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
@@ -592,7 +598,7 @@ impl Recorder {
                     let actions = self.machine.on_dump(name, now.ns);
                     feedback.limit_reached |= self.apply(actions, now).limit_reached;
                 }
-                PerfLine::Other(l) => {
+                crate::perf::record::PerfLine::Other(l) => {
                     if l.contains("No space left on device") {
                         self.disk_full = true;
                     }
@@ -730,9 +736,8 @@ impl Recorder {
         }
         let ending = self.phase.ending().cloned();
         let requested = ending.as_ref().map(|e| e.reason.clone());
-        let target_alive =
-            requested != Some(EndReason::TargetExited) && target::is_alive(self.tgid);
-        let perf_exit = status.map(perf::describe_status);
+        let target_alive = requested != Some(EndReason::TargetExited) && proc::is_alive(self.tgid);
+        let perf_exit = status.map(perf::record::describe_status);
         let (reason, failure) = recorder_end(RecorderFacts {
             tgid: self.tgid,
             perf_was_ready,

@@ -20,7 +20,7 @@
 
 use serde::Serialize;
 
-use crate::{perf::data::SampleSpan, perf::offcpu::OffCpu};
+use crate::perf::{data::SampleSpan, offcpu::OffCpu};
 
 /// Least time between a `Dump` line and the next SIGUSR2 or `stop`, in ns:
 /// perf's file names have centisecond resolution.

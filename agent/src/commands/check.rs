@@ -21,9 +21,9 @@ use crate::{
     capture::target,
     error::{ExitCode, Failure},
     flags::CheckArgs,
-    perf::{self, PerfProcess, PerfSpec},
-    probe::detach,
-    probe::{AttachPlan, LoadOptions, Probes},
+    perf,
+    perf::record::PerfSpec,
+    probe::{AttachPlan, LoadOptions, Probes, detach},
     symbols::maps,
     sys::caps,
 };
@@ -318,7 +318,8 @@ fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
 }
 
 fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
-    let found = perf::find_perf(explicit).and_then(|p| perf::perf_version(&p).map(|v| (p, v)));
+    let found = perf::binary::find_perf(explicit)
+        .and_then(|p| perf::binary::perf_version(&p).map(|v| (p, v)));
     let (path, version) = match found {
         Ok(pv) => pv,
         Err(f) => {
@@ -358,11 +359,11 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
         perf: path.clone(),
         pid: std::process::id() as i32,
         output: tmp.join("perf.data"),
-        event: perf::default_event().to_string(),
+        event: perf::binary::default_event().to_string(),
         freq: 99,
         keep: None,
         bpf_events: false,
-        recording: perf::Recording::Continuous,
+        recording: perf::record::Recording::Continuous,
         call_graph: Vec::new(),
         off_cpu: None,
         extra: Vec::new(),
@@ -387,7 +388,7 @@ fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
 
 /// The `perf record` options mt-agent needs that `path`'s help lacks.
 fn missing_record_options(path: &Path) -> Vec<&'static str> {
-    let help = perf::command(path)
+    let help = perf::binary::command(path)
         .args(["record", "-h"])
         .output()
         .map(|o| {
@@ -407,7 +408,7 @@ fn missing_record_options(path: &Path) -> Vec<&'static str> {
 fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
     caps::raise_ambient();
     let started = Instant::now();
-    let mut p = PerfProcess::spawn(spec).map_err(|e| format!("{e:#}"))?;
+    let mut p = crate::perf::record::PerfProcess::spawn(spec).map_err(|e| format!("{e:#}"))?;
     let _ = p.ping();
     let deadline = started + Duration::from_secs(15);
     loop {
@@ -418,7 +419,7 @@ fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
             let _ = p.read_stderr();
             return Err(format!(
                 "perf exited before answering ping ({}): {}",
-                perf::describe_status(status),
+                perf::record::describe_status(status),
                 p.last_lines().join(" | ")
             ));
         }
@@ -437,7 +438,7 @@ fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
 }
 
 fn pmu(r: &mut Report) {
-    if perf::has_hardware_pmu() {
+    if perf::binary::has_hardware_pmu() {
         r.pass("hardware PMU", "present: the default event is cycles");
     } else {
         r.pass(

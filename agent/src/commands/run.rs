@@ -22,24 +22,33 @@ use tokio::{
 };
 
 use crate::{
-    capture::build_id_cache,
-    capture::disk_budget::Keeper,
-    capture::driver::{self, Command, Event, Handle, Setup, TriggerSetup, Watch},
-    capture::outcome::{EndReason, Outcome},
-    capture::snapshot::Policy,
-    capture::target,
+    capture::{
+        build_id_cache,
+        disk_budget::Keeper,
+        driver,
+        driver::{Command, Event, Handle, Setup, TriggerSetup, Watch},
+        outcome::{EndReason, Outcome},
+        snapshot::Policy,
+        target,
+    },
     commands::check,
     error::{ExitCode, Failure},
     flags::RunArgs,
-    output::events::{Armed, Reporter, Summary},
-    output::index::{self, OutputDir},
-    perf::unwind,
-    perf::{self, PerfSpec, Recording},
-    plan::conditions::trigger_config,
-    plan::{Plan, RunSettings, TriggerPlan, WatchArg, plan},
+    output::{
+        events::{Armed, Reporter, Summary},
+        index,
+        index::OutputDir,
+    },
+    perf,
+    perf::{
+        record::{PerfSpec, Recording},
+        unwind,
+    },
+    plan::{Plan, RunSettings, TriggerPlan, WatchArg, conditions::trigger_config, plan},
     probe::{AttachPlan, LoadOptions, Probes, Returns},
-    symbols::{self, Resolution, insn},
-    sys::caps,
+    symbols,
+    symbols::{Resolution, insn},
+    sys::{caps, proc},
 };
 
 /// Runs a capture; returns the exit code.
@@ -99,13 +108,13 @@ fn prepare(
     reporter: &Arc<Reporter>,
     started: Instant,
 ) -> anyhow::Result<Prepared> {
-    let perf_path = perf::find_perf(plan.settings.perf.as_deref())?;
+    let perf_path = perf::binary::find_perf(plan.settings.perf.as_deref())?;
     // `perf version` (~30 ms: perf's own start-up) runs while the triggers
     // are resolved and perf record starts; the loader thread joins it, so a
     // binary that is not perf is refused (exit 3) before anything attaches.
     let version = {
         let p = perf_path.clone();
-        std::thread::spawn(move || perf::perf_version(&p))
+        std::thread::spawn(move || perf::binary::perf_version(&p))
     };
     // Resolve every trigger before creating anything.
     let resolved = resolve_all(plan, reporter)?;
@@ -132,7 +141,7 @@ fn prepare(
         .settings
         .event
         .clone()
-        .unwrap_or_else(|| perf::default_event().to_string());
+        .unwrap_or_else(|| perf::binary::default_event().to_string());
     let shown = Shown {
         event: &event,
         settings: &plan.settings,
@@ -211,11 +220,11 @@ struct Shown<'a> {
 /// whose samples are ~8 KiB instead of ~100 bytes (docs/flight-recorder.md).
 fn recording_for(settings: &RunSettings, unwinding: &unwind::Unwinding) -> Recording {
     match settings.recording {
-        Recording::FlightRecorder { .. }
+        crate::perf::record::Recording::FlightRecorder { .. }
             if !settings.flight_ring_given && unwinding.mode.starts_with("dwarf") =>
         {
-            Recording::FlightRecorder {
-                ring_pages: perf::ring_pages(DWARF_FLIGHT_RING),
+            crate::perf::record::Recording::FlightRecorder {
+                ring_pages: perf::record::ring_pages(DWARF_FLIGHT_RING),
             }
         }
         r => r,
@@ -695,6 +704,6 @@ fn own_cpu_seconds() -> f64 {
 
 /// The agent's peak resident set size (VmHWM), KiB.
 pub fn peak_rss_kib() -> Option<u64> {
-    target::status_field(std::process::id() as i32, "VmHWM")
+    proc::status_field(std::process::id() as i32, "VmHWM")
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
 }

@@ -32,12 +32,14 @@ use aya::programs::uprobe::UProbeLink;
 use nix::sys::eventfd::EventFd;
 
 use crate::{
-    disarm::cycle::{RECENT, quantile},
-    disarm::event_uprobes::{Plan as SwitchPlan, Switch},
-    disarm::rcu_warmup::{self, Warmer},
-    probe::detach::{self, Detacher},
-    sys::clock::monotonic_ns,
-    sys::perf_event::{self, RawLink},
+    disarm::{
+        cycle::{RECENT, quantile},
+        event_uprobes::{Plan as SwitchPlan, Switch},
+        rcu_warmup,
+        rcu_warmup::Warmer,
+    },
+    probe::{detach, detach::Detacher},
+    sys::{clock::monotonic_ns, perf_event, perf_event::RawLink},
 };
 
 /// One uprobe to attach.
@@ -286,7 +288,7 @@ impl Armer {
         let thread = std::thread::Builder::new()
             .name("mt-armer".into())
             .spawn(move || {
-                raise_priority();
+                crate::sys::sched::raise_nice(NICE_BELOW);
                 let mut held = Held::default();
                 while let Some(w) = next_work(&work, held.deadline()) {
                     let mut out: Vec<Done> = w.and_then(|w| held.work(w)).into_iter().collect();
@@ -361,24 +363,6 @@ impl Drop for Armer {
 /// with the probes still in (docs/disarming.md). Its work is short (a
 /// close or an open, 0.03-1 ms), so it takes little from others.
 const NICE_BELOW: libc::c_int = 5;
-
-/// Sets the calling thread's nice [`NICE_BELOW`] under its own; best
-/// effort: without `CAP_SYS_NICE` (or a `RLIMIT_NICE` that allows it) the
-/// thread stays at the agent's.
-fn raise_priority() {
-    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    nix::errno::Errno::clear();
-    // SAFETY: PRIO_PROCESS with a thread id reads and sets that thread's
-    // nice (setpriority(2), Linux notes). getpriority returns -1 both for
-    // nice -1 and for an error, hence the errno check.
-    unsafe {
-        let own = libc::getpriority(libc::PRIO_PROCESS, tid);
-        if own == -1 && nix::errno::Errno::last_raw() != 0 {
-            return;
-        }
-        libc::setpriority(libc::PRIO_PROCESS, tid, own - NICE_BELOW);
-    }
-}
 
 /// The next piece of work, or Some(None) at `deadline` (CLOCK_MONOTONIC
 /// ns); None once the driver is gone.

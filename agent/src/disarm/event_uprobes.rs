@@ -39,7 +39,7 @@ pub fn kept_event(
     offset: u64,
     ret: bool,
 ) -> Result<(Event, OwnedFd), String> {
-    if !crate::capture::target::is_kernel_thread(KEEPER_PID) {
+    if !crate::sys::proc::is_kernel_thread(KEEPER_PID) {
         return Err(format!("pid {KEEPER_PID} is not a kernel thread here"));
     }
     let ev = events

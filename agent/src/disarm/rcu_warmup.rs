@@ -29,7 +29,10 @@ use std::{
     sync::Arc,
 };
 
-use crate::{disarm::event_uprobes, disarm::tracefs_events::Events, sys::clock, sys::perf_event};
+use crate::{
+    disarm::{event_uprobes, tracefs_events::Events},
+    sys::{clock, perf_event},
+};
 
 /// How often to repeat the warm-up while an arm waits, ns: well under the
 /// shortest grace period after which the kernel's `rcu_sync` goes idle

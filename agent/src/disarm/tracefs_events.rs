@@ -191,7 +191,7 @@ pub fn remove_stale(dir: &Path) {
         // This agent's own group can only be a dead agent's that had its
         // pid: the kernel would add new events to it.
         let mine = pid == std::process::id();
-        let alive = crate::capture::target::is_alive(pid as i32) && comm.starts_with("mt-agent");
+        let alive = crate::sys::proc::is_alive(pid as i32) && comm.starts_with("mt-agent");
         if mine || !alive {
             let _ = delete_group(&file, group);
         }

@@ -19,7 +19,7 @@ use crate::{
         DEFAULT_COOLDOWN, RunArgs, TriggerOptions, check_perf_args, parse_duration, parse_rate,
         parse_size,
     },
-    perf::{Recording, ring_pages},
+    perf::record::{Recording, ring_pages},
     plan::conditions::{Filters, trigger_config},
     symbols::Query,
 };
@@ -113,9 +113,9 @@ fn recording_mode(
                 "--flight-ring applies to the flight recorder; add --flight-recorder or drop it",
             ));
         }
-        return Ok(Recording::Continuous);
+        return Ok(crate::perf::record::Recording::Continuous);
     }
-    Ok(Recording::FlightRecorder {
+    Ok(crate::perf::record::Recording::FlightRecorder {
         ring_pages: ring_pages(ring.unwrap_or(DEFAULT_FLIGHT_RING)),
     })
 }

@@ -124,7 +124,7 @@ impl Detacher {
     pub(crate) fn of(pid: Pid) -> Self {
         Self {
             pid: Some(pid),
-            pidfd: crate::perf::pidfd_open(pid.as_raw()).ok(),
+            pidfd: crate::sys::pidfd::pidfd_open(pid.as_raw()).ok(),
         }
     }
 

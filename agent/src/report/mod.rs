@@ -36,8 +36,8 @@ use std::{
 use serde_json::json;
 
 use crate::output::{
-    run_file,
-    runs::{self, Hit, RunDir},
+    run_file, runs,
+    runs::{Hit, RunDir},
     write,
 };
 use crate::{
@@ -75,7 +75,7 @@ impl Page {
 /// `mt-agent report`.
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
-    let perf = crate::perf::find_perf(args.perf.as_deref())?;
+    let perf = crate::perf::binary::find_perf(args.perf.as_deref())?;
     let page = build(&args.out, &perf, args.window.as_nanos() as u64)?;
     let path = write_all(&page)?;
     let bad = warn_bad_files(&page);
@@ -101,7 +101,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
 /// ends and says where (`report: PATH`, or a `report` JSON event); a
 /// failure is a warning and does not change the run's exit code.
 pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: bool) {
-    let written = crate::perf::find_perf(perf).and_then(|perf| {
+    let written = crate::perf::binary::find_perf(perf).and_then(|perf| {
         let page = build(out, &perf, DEFAULT_WINDOW_NS)?;
         let path = write_all(&page)?;
         warn_bad_files(&page);

@@ -123,7 +123,7 @@ impl Open {
 /// to the run's build-id cache when there is one, so that symbols come from
 /// the objects the run kept, not from whatever is at their paths now.
 pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
-    let mut cmd = crate::perf::command(perf);
+    let mut cmd = crate::perf::binary::command(perf);
     if let Some(home) = std::env::var_os("HOME") {
         // perf's default cache, ~/.debug, when the run kept none.
         cmd.env("HOME", home);

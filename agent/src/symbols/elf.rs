@@ -437,7 +437,7 @@ pub fn debug_candidates(
     let mut out = Vec::new();
     for p in rel {
         if pid > 0 {
-            out.push(crate::capture::target::in_root(pid, &p));
+            out.push(crate::sys::proc::in_root(pid, &p));
             if !p.starts_with("/usr/lib/debug") {
                 continue;
             }

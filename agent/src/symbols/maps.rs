@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::capture::target;
+use crate::sys::proc;
 
 /// One line of /proc/PID/maps that maps a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +106,7 @@ impl MappedObject {
             let same = |p: &Path| {
                 crate::sys::safe_open::stat_labelled(p).is_ok_and(|m| m.ino() == self.inode)
             };
-            return same(want) || same(&target::in_root(pid, want));
+            return same(want) || same(&proc::in_root(pid, want));
         }
         let name = self.file_name();
         name == object
@@ -138,8 +138,7 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
         } else {
             PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
         };
-        let deleted =
-            m.deleted || (!is_main && !same_inode(&target::in_root(pid, &m.path), m.inode));
+        let deleted = m.deleted || (!is_main && !same_inode(&proc::in_root(pid, &m.path), m.inode));
         objects.push(MappedObject {
             path: m.path.clone(),
             open_path,
@@ -162,7 +161,7 @@ fn same_inode(path: &Path, inode: u64) -> bool {
 /// Reads the target's maps and returns its mapped objects.
 pub fn read_objects(pid: i32) -> std::io::Result<Vec<MappedObject>> {
     let text = fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let exe_inode = target::exe_id(pid).map(|(_, ino)| ino);
+    let exe_inode = proc::exe_id(pid).map(|(_, ino)| ino);
     Ok(objects(pid, &parse_maps(&text), exe_inode))
 }
 

@@ -377,7 +377,7 @@ pub fn resolve_waiting(
     log: &dyn Fn(&str),
 ) -> Result<Resolution, Failure> {
     let young = if wait.is_none() {
-        crate::capture::target::age(pid).filter(|a| *a < YOUNG)
+        crate::sys::proc::age(pid).filter(|a| *a < YOUNG)
     } else {
         None
     };
@@ -392,7 +392,7 @@ pub fn resolve_waiting(
         };
         match (deadline, young) {
             (Some(d), _) if Instant::now() < d => {
-                if !crate::capture::target::is_alive(pid) {
+                if !crate::sys::proc::is_alive(pid) {
                     return Err(Failure::usage(format!(
                         "pid {pid} exited while waiting for the symbol to be mapped"
                     )));

@@ -12,7 +12,7 @@
 use std::{os::unix::fs::MetadataExt as _, path::PathBuf};
 
 use super::{MappedObject, Query, Resolution, ResolveError, View, by_name, finish};
-use crate::{capture::target, error::Failure};
+use crate::{error::Failure, sys::proc};
 
 /// The probe point for `q` in the file `--object` names, when that is a
 /// path to a file that exists (as the process sees it, through its root,
@@ -21,7 +21,7 @@ pub(super) fn resolve(pid: i32, q: &Query) -> Option<Result<Resolution, ResolveE
     let object = q.object.as_deref().filter(|o| o.contains('/'))?;
     let sym = q.symbol.as_deref().filter(|_| q.address.is_none())?;
     let given = PathBuf::from(object);
-    let open_path = [target::in_root(pid, &given), given.clone()]
+    let open_path = [proc::in_root(pid, &given), given.clone()]
         .into_iter()
         .find(|p| p.is_file())?;
     let inode = std::fs::metadata(&open_path).ok()?.ino();

@@ -84,7 +84,7 @@ pub fn has(cap: Capability) -> bool {
 
 /// The uid that owns a process (the real uid in /proc/PID/status).
 pub fn owner(pid: i32) -> Option<u32> {
-    crate::capture::target::status_field(pid, "Uid")?
+    crate::sys::proc::status_field(pid, "Uid")?
         .split_whitespace()
         .next()?
         .parse()

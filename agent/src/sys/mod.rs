@@ -4,4 +4,7 @@ pub mod caps;
 pub mod child;
 pub mod clock;
 pub mod perf_event;
+pub mod pidfd;
+pub mod proc;
 pub mod safe_open;
+pub mod sched;

@@ -16,18 +16,21 @@ use nix::sys::eventfd::EventFd;
 use super::{Driver, Watch};
 use crate::{
     capture::outcome::EndReason,
-    disarm::arming_thread::{ArmPlan, Armer, Done, Point},
-    disarm::cycle::{
-        Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS, lead_ns,
-        quantile, round_trip_ns, warm_lead_ns,
+    disarm::{
+        arming_thread::{ArmPlan, Armer, Done, Point},
+        cycle::{
+            Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS,
+            lead_ns, quantile, round_trip_ns, warm_lead_ns,
+        },
+        event_uprobes::Plan as SwitchPlan,
+        tracefs_events,
+        tracefs_events::Events,
+        tracefs_reaper,
+        tracefs_reaper::Reaper,
     },
-    disarm::event_uprobes::Plan as SwitchPlan,
-    disarm::tracefs_events::{self, Events},
-    disarm::tracefs_reaper::{self, Reaper},
     error::Failure,
     output::events::Reporter,
-    probe::detach,
-    probe::{AttachPlan, Probes, Returns},
+    probe::{AttachPlan, Probes, Returns, detach},
     sys::clock::Now,
 };
 
@@ -558,7 +561,7 @@ impl Driver {
                     .copied()
                     .and_then(|s| self.slots[s].as_mut())
                 {
-                    if crate::capture::target::is_alive(pid) {
+                    if crate::sys::proc::is_alive(pid) {
                         r.fail(Failure::runtime(message), now);
                     } else {
                         // The target exited while disarmed: a normal end.

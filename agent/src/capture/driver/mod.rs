@@ -39,19 +39,21 @@ use nix::sys::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{
-    capture::end::run_end,
-    capture::outcome::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
-    capture::recorder::{Feedback, Recorder, RecorderFd, Shared},
-    capture::snapshot::{IndexedHit, Policy, Stats},
-    capture::target,
+    capture::{
+        end::run_end,
+        outcome::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
+        recorder::{Feedback, Recorder, RecorderFd, Shared},
+        snapshot::{IndexedHit, Policy, Stats},
+    },
     error::Failure,
     output::events::{Armed, Reporter},
-    perf::PerfSpec,
-    probe::counters::{CounterValues, Counters},
-    probe::detach,
-    probe::{AttachPlan, Probes},
-    sys::caps,
-    sys::clock::Now,
+    perf::record::PerfSpec,
+    probe::{
+        AttachPlan, Probes,
+        counters::{CounterValues, Counters},
+        detach,
+    },
+    sys::{caps, clock::Now, proc},
 };
 
 mod disarming;
@@ -579,7 +581,7 @@ impl Driver {
         let ancestor = match self.followers.get(&key) {
             Some(a) => *a,
             None => {
-                let a = target::ancestors(pid, MAX_FOLLOW_DEPTH)
+                let a = proc::ancestors(pid, MAX_FOLLOW_DEPTH)
                     .into_iter()
                     .find(|a| self.by_target.contains_key(&(trigger, *a)))?;
                 self.followers.insert(key, a);
@@ -597,7 +599,7 @@ impl Driver {
         if self.stopping.is_some() {
             return;
         }
-        let Some(id) = target::exe_id(pid) else {
+        let Some(id) = proc::exe_id(pid) else {
             return;
         };
         let matching: Vec<(u32, PathBuf)> = self
@@ -781,7 +783,7 @@ impl Driver {
             Err(f) => {
                 self.detach_trigger(trigger);
                 if let Some(r) = self.slots[slot].as_mut() {
-                    if target::is_alive(pid) {
+                    if proc::is_alive(pid) {
                         r.fail(f, Now::read());
                     } else {
                         // The target exited while perf started (attach fails
@@ -986,7 +988,7 @@ impl Driver {
                     &outcome.dir,
                     Some(&outcome.reason.describe()),
                 );
-                if target::is_alive(pid) {
+                if proc::is_alive(pid) {
                     self.done.insert((trigger, pid));
                 }
             }
@@ -1083,20 +1085,12 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Puts the calling thread under SCHED_FIFO at `prio`.
+/// Puts the reader under SCHED_FIFO at `prio` (perf, spawned from this
+/// thread, starts at normal priority: [`crate::sys::sched::set_fifo`]).
 fn set_fifo(prio: i32, reporter: &Reporter) {
-    // Zeroed, then set: musl's sched_param has more fields than glibc's.
-    // SAFETY: sched_param is plain data; all-zero is a valid value.
-    let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
-    param.sched_priority = prio;
-    // SCHED_RESET_ON_FORK: perf, spawned from this thread, and any thread it
-    // creates start at normal priority (sched(7)); only the reader is FIFO.
-    let policy = libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK;
-    // SAFETY: pid 0 is the calling thread; `param` is valid.
-    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+    if let Err(e) = crate::sys::sched::set_fifo(prio) {
         reporter.warning(&format!(
-            "--rt-priority {prio}: sched_setscheduler failed ({}); the reader runs at normal priority",
-            std::io::Error::last_os_error()
+            "--rt-priority {prio}: sched_setscheduler failed ({e}); the reader runs at normal priority"
         ));
     }
 }

@@ -1,0 +1,173 @@
+//! What /proc says about a process: its stat and status fields, whether it lives, its age and CPU time. Only reads /proc.
+
+use std::{
+    fs, io,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+/// `PF_KTHREAD` in the flags field of /proc/PID/stat (include/linux/sched.h).
+pub const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// The fields of /proc/PID/stat that mt-agent uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Process state letter: R, S, D, T, t, Z, X, I.
+    pub state: char,
+    /// Parent process id (field 4).
+    pub ppid: i32,
+    /// `PF_*` flags.
+    pub flags: u64,
+    /// User CPU time, clock ticks.
+    pub utime: u64,
+    /// System CPU time, clock ticks.
+    pub stime: u64,
+    /// When the process started, clock ticks after boot (field 22,
+    /// `starttime`; the kernel counts it on the boot-time clock).
+    pub starttime: u64,
+}
+
+/// Parses /proc/PID/stat text. The command name can hold spaces and
+/// parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] is field 3 (state); field N is f[N - 3].
+    Some(Stat {
+        state: f.first()?.chars().next()?,
+        ppid: f.get(4 - 3)?.parse().ok()?,
+        flags: f.get(9 - 3)?.parse().ok()?,
+        utime: f.get(14 - 3)?.parse().ok()?,
+        stime: f.get(15 - 3)?.parse().ok()?,
+        starttime: f.get(22 - 3)?.parse().ok()?,
+    })
+}
+
+/// `pid`'s ancestors, parent first, up to (not including) pid 1, at most
+/// `max` of them; fewer when one has gone.
+pub fn ancestors(pid: i32, max: usize) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while out.len() < max {
+        match stat(p) {
+            Ok(s) if s.ppid > 1 => {
+                out.push(s.ppid);
+                p = s.ppid;
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Reads and parses /proc/PID/stat.
+pub fn stat(pid: i32) -> io::Result<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text).ok_or_else(|| io::Error::other("unparsable /proc/PID/stat"))
+}
+
+/// CPU time (user + system) a process has used, from /proc/PID/stat.
+pub fn cpu_time(pid: i32) -> Option<Duration> {
+    let s = stat(pid).ok()?;
+    Some(ticks_to_duration(s.utime + s.stime))
+}
+
+/// Converts clock ticks (`sysconf(_SC_CLK_TCK)`, 100 on Linux) to a Duration.
+pub fn ticks_to_duration(ticks: u64) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz)
+}
+
+/// How long ago the process started: `CLOCK_BOOTTIME` now minus its
+/// `starttime` (10 ms resolution with 100 clock ticks a second).
+pub fn age(pid: i32) -> Option<Duration> {
+    let started = ticks_to_duration(stat(pid).ok()?.starttime);
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    Duration::from(now).checked_sub(started)
+}
+
+/// (device, inode) of the file a process is running, or None if it is gone.
+pub fn exe_id(pid: i32) -> Option<(u64, u64)> {
+    let m = fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+/// Whether the process still exists and is not a zombie.
+pub fn is_alive(pid: i32) -> bool {
+    stat(pid).is_ok_and(|s| s.state != 'Z' && s.state != 'X')
+}
+
+/// Whether `pid` is a kernel thread (no user memory).
+pub fn is_kernel_thread(pid: i32) -> bool {
+    stat(pid).is_ok_and(|s| s.flags & PF_KTHREAD != 0)
+}
+
+/// Reads one `Key:\tvalue` line of /proc/PID/status.
+pub fn status_field(pid: i32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|r| r.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// The path through which a file of the target's mount namespace is read:
+/// `/proc/PID/root/<path>`, which works across containers.
+pub fn in_root(pid: i32, path: &Path) -> PathBuf {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    PathBuf::from(format!("/proc/{pid}/root")).join(rel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_survives_odd_command_names() {
+        let text = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0 5000 0";
+        let s = parse_stat(text).unwrap();
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 1);
+        assert_eq!(s.flags, 4194560);
+        assert_eq!((s.utime, s.stime), (7, 3));
+        assert_eq!(s.starttime, 5000);
+    }
+
+    #[test]
+    fn a_child_lists_its_parent_first() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let up = ancestors(child.id() as i32, 8);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(up.first(), Some(&me), "{up:?}");
+        assert!(!up.contains(&1));
+    }
+
+    #[test]
+    fn own_process_is_alive_and_readable() {
+        let me = std::process::id() as i32;
+        assert!(is_alive(me));
+        assert!(exe_id(me).is_some());
+        assert!(cpu_time(me).is_some());
+        assert!(age(me).is_some_and(|a| a < Duration::from_secs(365 * 86400)));
+        assert_eq!(
+            status_field(me, "Pid").as_deref(),
+            Some(me.to_string().as_str())
+        );
+    }
+
+    #[test]
+    fn paths_are_read_through_the_targets_root() {
+        assert_eq!(
+            in_root(7, Path::new("/usr/lib/x.so")),
+            Path::new("/proc/7/root/usr/lib/x.so")
+        );
+    }
+}
