@@ -7,7 +7,7 @@ use clap::Parser as _;
 use mt_agent::{
     commands,
     error::{Failure, failure_of},
-    flags::{Cli, Command},
+    flags::defs::{Cli, Command},
     output::events::Reporter,
     report,
 };

@@ -12,13 +12,7 @@ use crate::util::{cargo, run, target_dir};
 pub fn fuzz(seconds: u64, seed: u64) -> anyhow::Result<()> {
     let crash_dir = target_dir().join("fuzz");
     run(cargo()
-        .args([
-            "test",
-            "-p",
-            "mt-agent",
-            "--lib",
-            "fuzz_mutations",
-        ])
+        .args(["test", "-p", "mt-agent", "--lib", "fuzz_mutations"])
         .args(["--", "--ignored", "--nocapture", "--exact"])
         .arg("symbols::fuzz::tests::fuzz_mutations")
         .env("MT_FUZZ_SECONDS", seconds.to_string())

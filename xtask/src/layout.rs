@@ -68,7 +68,10 @@ pub fn modules(src: &Path) -> anyhow::Result<Vec<Module>> {
                     .components()
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
                     .collect();
-                if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                if matches!(
+                    path.last().map(String::as_str),
+                    Some("mod" | "lib" | "main")
+                ) {
                     path.pop();
                 }
                 let code = strip_tests(&blank(&text));
@@ -413,8 +416,10 @@ pub fn check(src: &Path) -> anyhow::Result<Findings> {
         ));
     }
     for m in &mods {
-        f.longest
-            .extend(functions(&m.code, &m.file.strip_prefix(src)?.display().to_string()));
+        f.longest.extend(functions(
+            &m.code,
+            &m.file.strip_prefix(src)?.display().to_string(),
+        ));
     }
     f.longest.sort_by(|a, b| b.0.cmp(&a.0));
     f.folder_edges = edges;
@@ -521,7 +526,15 @@ fn functions(code: &str, file: &str) -> Vec<(usize, String, String)> {
 fn fn_name_at(line: &str) -> Option<usize> {
     let t = line.trim_start();
     let mut rest = t;
-    for q in ["pub(crate) ", "pub(super) ", "pub ", "const ", "async ", "unsafe ", "extern \"C\" "] {
+    for q in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+        "extern \"C\" ",
+    ] {
         rest = rest.strip_prefix(q).unwrap_or(rest);
     }
     let name = rest.strip_prefix("fn ")?;
@@ -652,7 +665,14 @@ mod tests { use crate::upward; }
         );
         assert_eq!(
             refs(&m),
-            ["a::b", "a::c", "a::c::D", "e", "capture::sibling::g", "h::i"]
+            [
+                "a::b",
+                "a::c",
+                "a::c::D",
+                "e",
+                "capture::sibling::g",
+                "h::i"
+            ]
         );
     }
 

@@ -20,7 +20,7 @@ use agent_common::{CFG_ENABLED, TriggerConfig};
 use crate::{
     capture::target,
     error::{ExitCode, Failure},
-    flags::CheckArgs,
+    flags::defs::CheckArgs,
     perf,
     perf::record::PerfSpec,
     probe::{AttachPlan, LoadOptions, Probes, detach},

@@ -33,7 +33,7 @@ use crate::{
     },
     commands::check,
     error::{ExitCode, Failure},
-    flags::RunArgs,
+    flags::defs::RunArgs,
     output::{
         events::{Armed, Reporter, Summary},
         index,

@@ -4,7 +4,7 @@
 use crate::{
     capture::target,
     error::{ExitCode, Failure},
-    flags::SymbolsArgs,
+    flags::defs::SymbolsArgs,
     symbols,
 };
 

@@ -1,5 +1,6 @@
 //! perf, the profiler mt-agent drives: its binary, `perf record` with switch-output, and what its files hold.
 
+pub mod args;
 pub mod binary;
 pub mod data;
 pub mod offcpu;

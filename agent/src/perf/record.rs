@@ -66,7 +66,7 @@ pub struct PerfSpec {
     /// sample, with its stack, at each switch-out. The value is the window
     /// before a hit that has no call duration.
     pub off_cpu: Option<Duration>,
-    /// Extra arguments, already checked by [`crate::flags::check_perf_args`].
+    /// Extra arguments, already checked by [`crate::perf::args::check_perf_args`].
     pub extra: Vec<String>,
 }
 

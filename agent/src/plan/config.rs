@@ -30,7 +30,7 @@ use std::{fs, path::PathBuf};
 
 use serde::Deserialize;
 
-use crate::{error::Failure, flags::TriggerOptions};
+use crate::{error::Failure, flags::defs::TriggerOptions};
 
 /// The whole file.
 #[derive(Debug, Deserialize, PartialEq)]

@@ -16,10 +16,13 @@ use crate::{
     capture::disk_budget::{BudgetScope, DiskBudget},
     error::Failure,
     flags::{
-        DEFAULT_COOLDOWN, RunArgs, TriggerOptions, check_perf_args, parse_duration, parse_rate,
-        parse_size,
+        defs::{DEFAULT_COOLDOWN, RunArgs, TriggerOptions},
+        parse::{parse_duration, parse_rate, parse_size},
     },
-    perf::record::{Recording, ring_pages},
+    perf::{
+        args::check_perf_args,
+        record::{Recording, ring_pages},
+    },
     plan::conditions::{Filters, trigger_config},
     symbols::Query,
 };
@@ -342,10 +345,9 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::flags::Cli;
 
     fn run_args(argv: &[&str]) -> RunArgs {
-        Cli::try_parse_from(argv).unwrap().run
+        crate::flags::defs::Cli::try_parse_from(argv).unwrap().run
     }
 
     fn config_file(dir: &tempfile::TempDir, text: &str) -> PathBuf {
@@ -476,7 +478,7 @@ mod tests {
         let p = plan(&run_args(&["mt-agent", "--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(p.triggers[0].off_cpu, None);
         assert!(
-            Cli::try_parse_from([
+            crate::flags::defs::Cli::try_parse_from([
                 "mt-agent",
                 "--pid",
                 "1",

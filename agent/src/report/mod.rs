@@ -42,7 +42,7 @@ use crate::output::{
 };
 use crate::{
     error::{ExitCode, Failure},
-    flags::ReportArgs,
+    flags::defs::ReportArgs,
     output::events::Reporter,
 };
 use model::{FileReport, HitReport};

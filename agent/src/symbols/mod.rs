@@ -23,6 +23,7 @@
 
 pub mod budget;
 pub mod elf;
+pub mod frame_pointers;
 #[cfg(test)]
 mod fuzz;
 mod ifunc;

@@ -1,0 +1,441 @@
+//! The options' definitions (clap): every option's name, value, default and help, the one source of `--help` and of the README's option table.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use super::parse::{
+    Request, duration_text, parse_duration, parse_request, parse_size, parse_u64, rate_text,
+};
+
+const ABOUT: &str = "Profile the moment a function is called: every accepted call of \
+the trigger function makes `perf record` close its current snapshot file and start the next.";
+
+const LONG_ABOUT: &str = "\
+Profile the moment a function is called.
+
+mt-agent runs `perf record --switch-output=signal` on a process and attaches an
+eBPF uprobe to a trigger function in it. Each accepted call of the function, in
+any thread of the process, makes perf close its current file (a snapshot of what
+led up to the call) and open the next. The target is never stopped or ptraced,
+and the probe stays attached, so one run captures many moments.
+
+Filters run in the kernel, in this order: --tid, --when, --slower-than, --every,
+--max-rate, --cooldown. A rejected call costs no wakeup and no userspace work.
+
+Threads, forks and exec: a call in any thread of the target counts. Children
+forked by the target do not trigger, because the uprobe is scoped to the
+target's address space; perf's -p does follow them, so their samples can still
+appear in snapshots. If the target execs a new image, the probe (bound to the
+old file) stops firing; mt-agent notices within 1 s, reports it, and ends.
+
+Snapshots and OUT/snapshots.jsonl, which indexes them, go to --output.";
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  normal end (target exited, a limit was reached, SIGINT/SIGTERM/SIGHUP)
+  2  bad usage or input (unknown pid or symbol, bad option, output directory)
+  3  the environment is missing something (privileges, perf, kernel support)
+  4  runtime failure (perf died, disk full)
+
+Examples:
+  sudo mt-agent --pid 4242 --symbol handle_request
+  sudo mt-agent --pid 4242 --symbol 'ns::Worker::handle' --when 'arg0 == 42'
+  sudo mt-agent --pid 4242 --symbol sqlite3_step --object libsqlite3 --slower-than 5ms
+  sudo mt-agent symbols --pid 4242 handle";
+
+/// `mt-agent`: see [`LONG_ABOUT`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "mt-agent",
+    version = crate::flags::version::SHORT,
+    long_version = crate::flags::version::LONG,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands besides the default capture run.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the functions a process has mapped, with what a hit on each costs.
+    Symbols(SymbolsArgs),
+    /// Check that this host can run mt-agent (kernel, BPF, perf, privileges).
+    Check(CheckArgs),
+    /// Write a run's report: each hit's moment as flame graphs in one page.
+    Report(ReportArgs),
+}
+
+/// Options of a capture run (the default command).
+#[derive(Debug, Args)]
+#[command(
+    group = clap::ArgGroup::new("what").required(true).args(["pid", "exe", "config"]),
+    // --pid and --exe (in `TriggerOptions`) come first in --help.
+    next_display_order = 10
+)]
+pub struct RunArgs {
+    /// With --exe: at most N processes recorded at once, across all
+    /// triggers; more are counted and reported. [default: 8]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_targets: Option<u64>,
+
+    /// Several triggers from a TOML file (see the README); what the systemd
+    /// unit runs. Trigger options (--symbol, --when, --cooldown, ...) go in
+    /// the file; run options given here (--output, --event, --freq, --keep,
+    /// --perf, --max-targets, --flight-recorder, --continuous,
+    /// --flight-ring, --max-disk, extra perf arguments) override the file's.
+    #[arg(long, value_name = "FILE", conflicts_with_all = trigger_option_ids())]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub trigger: TriggerOptions,
+
+    /// Stop after this long.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Output directory. Created mode 0700; an existing one must be empty,
+    /// yours and not writable by others.
+    /// [default: ./mt-agent-<pid or exe name>-<local time>]
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: Option<PathBuf>,
+
+    /// Print newline-delimited JSON events on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Forward the eBPF program's log records (aya-log) and print more detail.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+
+    /// Run the ring-buffer reader thread with SCHED_FIFO at this priority
+    /// (1-99), to cut hit-to-signal latency on a busy host.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=99))]
+    pub rt_priority: Option<i32>,
+
+    /// perf binary to run. [default: `perf` on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub perf: Option<PathBuf>,
+
+    /// perf event to sample. [default: `cycles` with a hardware PMU,
+    /// else `cpu-clock`]
+    #[arg(long, short = 'e', value_name = "EVENT")]
+    pub event: Option<String>,
+
+    /// Sampling frequency, in Hz. [default: 999]
+    #[arg(long, short = 'F', value_name = "HZ")]
+    pub freq: Option<u32>,
+
+    /// How perf unwinds stacks: `fp` (frame pointers), `dwarf[,SIZE]` (a
+    /// copy of SIZE bytes of stack per sample, default 8192), or `auto`:
+    /// DWARF when the traced code has no frame pointers. A call-graph option
+    /// after `--` decides instead of `auto`. [default: auto]
+    #[arg(long, value_name = "MODE", value_parser = parse_request)]
+    pub call_graph: Option<Request>,
+
+    /// Let perf record BPF program events (its default). mt-agent passes
+    /// --no-bpf-event otherwise: perf would rewrite every known BPF
+    /// program's info into each snapshot, slowing every switch.
+    #[arg(long)]
+    pub perf_bpf_events: bool,
+
+    /// Keep only the newest N snapshot files (perf's --switch-max-files).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub keep: Option<u32>,
+
+    /// Keep samples in perf's flight recorder (--overwrite): nothing is
+    /// written while waiting, and each snapshot holds what the rings held at
+    /// the hit. [default for --exe and --config runs]
+    #[arg(long, conflicts_with = "continuous")]
+    pub flight_recorder: bool,
+
+    /// Write every sample: each snapshot holds everything since the
+    /// previous one. [default for --pid runs]
+    #[arg(long)]
+    pub continuous: bool,
+
+    /// Size of each of perf's flight-recorder rings (one per CPU), e.g.
+    /// 512K, 2M; rounded up to a power of two pages. [default: 2M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub flight_ring: Option<u64>,
+
+    /// Keep at most this much in the output directory (e.g. 500M, 2G): the
+    /// oldest snapshots are deleted first.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_disk: Option<u64>,
+
+    /// Size of the hit ring buffer in bytes (a power of two, at least one
+    /// page). For tests.
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub ring_bytes: Option<u32>,
+
+    /// Delay the ring-buffer reader by this long after arming. For tests
+    /// that force ring-buffer overflow.
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub debug_reader_delay: Option<Duration>,
+
+    /// When the run ends, write its report (OUT/report.html), as
+    /// `mt-agent report OUT` would.
+    #[arg(long)]
+    pub report: bool,
+
+    /// Extra arguments for `perf record`, after `--`.
+    #[arg(last = true, value_name = "PERF_ARGS")]
+    pub perf_args: Vec<String>,
+}
+
+/// Default of `--cooldown`, and of `cooldown` in a config file.
+pub const DEFAULT_COOLDOWN: &str = "100ms";
+
+/// One trigger's options, as written: on the command line (clap) and in a
+/// config file's `[[trigger]]` (serde), with the same names. Durations and
+/// rates stay text here (clap checks them as it parses); the session turns
+/// them into values, with one error message for both sources. The field
+/// order is the config file's; `display_order` keeps --help's.
+#[derive(Debug, Default, PartialEq, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerOptions {
+    /// Config file only: the trigger's output subdirectory.
+    #[arg(skip)]
+    pub name: Option<String>,
+
+    /// Process to trace (its thread-group id).
+    #[arg(long, short = 'p', value_name = "PID", display_order = 0)]
+    pub pid: Option<i32>,
+
+    /// Trace every process, running now or started later, whose executable
+    /// is PATH: one perf per process, in OUT/<pid>/.
+    #[arg(long, value_name = "PATH", conflicts_with = "pid", display_order = 1)]
+    pub exe: Option<PathBuf>,
+
+    /// Trigger function: a plain, mangled or demangled name
+    /// (`handle`, `ns::Worker::handle(int)`, `my_crate::server::handle`).
+    #[arg(
+        long,
+        short = 's',
+        value_name = "NAME",
+        required_unless_present_any = ["address", "config"]
+    )]
+    pub symbol: Option<String>,
+
+    /// Search only this mapped object: a path, or a file name such as
+    /// `libsqlite3`.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub object: Option<String>,
+
+    /// Probe this many bytes into the function; must be an instruction
+    /// boundary.
+    #[arg(long, value_name = "BYTES", value_parser = parse_u64)]
+    pub offset: Option<u64>,
+
+    /// Probe this virtual address in the target; must be an instruction
+    /// boundary inside a known function.
+    #[arg(long, value_name = "0xADDR", value_parser = parse_u64, conflicts_with = "offset")]
+    #[serde(skip)]
+    pub address: Option<u64>,
+
+    /// Least time between two accepted hits. Hits sooner are counted and
+    /// dropped in the kernel. 0 disables it.
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_COOLDOWN, value_parser = duration_text)]
+    pub cooldown: Option<String>,
+
+    /// Accept only calls whose arguments satisfy EXPR, e.g. `arg0 == 42`,
+    /// `sarg1 < 0`, `arg2 & 0x4`. Repeatable; all must hold.
+    #[arg(long = "when", value_name = "EXPR")]
+    #[serde(default)]
+    pub when: Vec<String>,
+
+    /// Trigger at the return of calls that lasted at least DURATION. The
+    /// returns are seen by uprobes on each `ret` instruction.
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
+    pub slower_than: Option<String>,
+
+    /// With --slower-than: see returns with a uretprobe instead of probing
+    /// `ret` instructions. Breaks C++ exception unwinding through the
+    /// function; refused on Go binaries.
+    #[arg(long, requires = "slower_than")]
+    #[serde(default)]
+    pub use_uretprobe: bool,
+
+    /// Keep the uprobes attached during cooldowns, so that `seen` counts
+    /// every call. By default a `--pid` trigger's uprobes are detached from
+    /// an accepted hit until its cooldown ends.
+    #[arg(long)]
+    #[serde(default)]
+    pub always_armed: bool,
+
+    /// Record where each hit's thread spent its time: on CPU, runnable
+    /// (preempted, waiting for a CPU) or blocked, with the stacks it blocked
+    /// at. On by default with --slower-than, where the window is the call;
+    /// for other hits it is --off-cpu-window before the hit.
+    #[arg(long, conflicts_with = "no_off_cpu")]
+    #[serde(default)]
+    pub off_cpu: bool,
+
+    /// Turn the off-CPU breakdown off, also with --slower-than.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_off_cpu: bool,
+
+    /// The off-CPU window before a hit that has no call duration. [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
+    pub off_cpu_window: Option<String>,
+
+    /// With `--pid`, count only the target's own calls. By default a call
+    /// in any process forked from the target after the agent attached
+    /// counts too, and switches the target's perf, which records that
+    /// child already.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_follow_forks: bool,
+
+    /// Accept one hit in N (after the tid, when and duration filters).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub every: Option<u64>,
+
+    /// Only hits in these threads (repeatable).
+    #[arg(long = "tid", value_name = "TID")]
+    #[serde(default, rename = "tid")]
+    pub tids: Vec<u32>,
+
+    /// Accept at most R hits per second (token bucket, burst 1), e.g. `10/s`.
+    #[arg(long, value_name = "R/s", value_parser = rate_text)]
+    pub max_rate: Option<String>,
+
+    /// After an accepted hit, wait this long before closing the snapshot, so
+    /// it also holds what the function did right after entry.
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
+    pub after: Option<String>,
+
+    /// Stop after this many hit snapshots.
+    #[arg(long, value_name = "N")]
+    pub max_snapshots: Option<u64>,
+
+    /// If the symbol is not mapped yet (a library still to be dlopen'ed),
+    /// poll the target's mappings for up to this long.
+    // Listed after --address in --help (17 is --address's place).
+    #[arg(long, value_name = "DURATION", value_parser = duration_text, display_order = 17)]
+    pub wait_for_symbol: Option<String>,
+}
+
+/// Every trigger option's id: what `--config` conflicts with.
+fn trigger_option_ids() -> Vec<clap::Id> {
+    TriggerOptions::augment_args(clap::Command::new("trigger"))
+        .get_arguments()
+        .map(|a| a.get_id().clone())
+        .collect()
+}
+
+/// Options of `mt-agent symbols`.
+#[derive(Debug, Args)]
+pub struct SymbolsArgs {
+    /// Process whose mapped objects are listed.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: i32,
+
+    /// Only functions whose name (mangled or demangled) contains PATTERN.
+    pub pattern: Option<String>,
+
+    /// Search only this mapped object: a path, or a file name such as
+    /// `libsqlite3`.
+    #[arg(long, value_name = "PATH|NAME")]
+    pub object: Option<String>,
+
+    /// Print the listing as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `mt-agent check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Also check that this process can be traced.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: Option<i32>,
+
+    /// perf binary to check. [default: `perf` on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub perf: Option<PathBuf>,
+
+    /// Directory whose free space is checked. [default: .]
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: Option<PathBuf>,
+}
+
+/// Options of `mt-agent report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A run's output directory (with --exe or --config, its top directory:
+    /// every process and trigger in it is reported).
+    #[arg(value_name = "OUT")]
+    pub out: PathBuf,
+
+    /// Print one JSON object per hit on stdout (OUT/report.html and the
+    /// folded files are written too).
+    #[arg(long)]
+    pub json: bool,
+
+    /// The moment of a hit without a duration: this long before the hit.
+    /// (A --slower-than hit's moment is its call.)
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub window: Duration,
+
+    /// perf binary to run. [default: `perf` on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub perf: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_requires_pid_and_symbol_but_subcommands_do_not() {
+        assert!(Cli::try_parse_from(["mt-agent", "--pid", "1"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--symbol", "f"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--exe", "/bin/x", "--symbol", "f"]).is_ok());
+        assert!(Cli::try_parse_from(["mt-agent", "--config", "x.toml"]).is_ok());
+        assert!(Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--pid", "1"]).is_err());
+        assert!(
+            Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--cooldown", "1s"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["mt-agent", "--config", "x.toml", "--when", "arg0 == 1"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["mt-agent", "--config", "x.toml", "-o", "/tmp/x", "-F", "99"])
+                .is_ok()
+        );
+        assert!(Cli::try_parse_from(["mt-agent", "--exe", "/x", "--pid", "1", "-s", "f"]).is_err());
+        assert!(Cli::try_parse_from(["mt-agent", "--pid", "1", "--symbol", "f"]).is_ok());
+        assert!(Cli::try_parse_from(["mt-agent", "check"]).is_ok());
+        let cli = Cli::try_parse_from([
+            "mt-agent",
+            "-p",
+            "1",
+            "-s",
+            "f",
+            "--",
+            "--call-graph",
+            "dwarf",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.perf_args, ["--call-graph", "dwarf"]);
+    }
+}
