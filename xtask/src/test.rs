@@ -54,16 +54,18 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         "-p",
         "mt-agent",
         "-p",
+        "mt-agent-fuzz",
+        "-p",
         "agent-common",
         "-p",
         "xtask",
     ]))?;
-    // Kernel-filter tests (agent/src/probe/kernel_tests.rs): unit tests
-    // marked #[ignore] because they load the eBPF programs and attach uprobes
-    // to the test binary itself. As root, one at a time; without the
-    // privileges they fail and say so.
+    // Kernel-filter tests (agent/tests/kernel.rs): marked #[ignore]
+    // because they load the eBPF programs and attach uprobes to the test
+    // binary itself. As root, one at a time; without the privileges they
+    // fail and say so.
     let mut kernel = cargo();
-    kernel.args(["test", "-p", "mt-agent"]);
+    kernel.args(["test", "-p", "mt-agent", "--test", "kernel"]);
     if !is_root() {
         kernel.arg("--config").arg(privileged_runner(&[]));
     }

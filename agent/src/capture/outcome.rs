@@ -4,9 +4,13 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use serde::Serialize;
-
-use crate::{capture::snapshot::Stats, error::Failure, probe::counters::CounterValues};
+use crate::{
+    error::Failure,
+    output::{
+        counters::CounterValues,
+        events::{RecorderSummary, Stats},
+    },
+};
 
 /// Why a recorder (or the whole run) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +82,7 @@ pub struct Outcome {
     /// Matching processes beyond `--max-targets`.
     pub extra_processes: u64,
     /// Detaching probes during cooldowns.
-    pub disarm: crate::disarm::cycle::DisarmSummary,
+    pub disarm: crate::output::events::DisarmSummary,
 }
 
 impl Outcome {
@@ -87,8 +91,8 @@ impl Outcome {
         Self {
             reason: EndReason::Failed,
             failure: Some(failure),
-            counters: CounterValues::default(),
-            stats: Stats::default(),
+            counters: crate::output::counters::CounterValues::default(),
+            stats: crate::output::events::Stats::default(),
             open_calls: 0,
             perf_exit: None,
             perf_cpu: None,
@@ -98,18 +102,6 @@ impl Outcome {
             disarm: Default::default(),
         }
     }
-}
-
-/// One recorder in the summary.
-#[derive(Debug, Clone, Serialize)]
-pub struct RecorderSummary {
-    pub trigger: u32,
-    pub pid: i32,
-    pub output: PathBuf,
-    pub end: String,
-    pub hit_snapshots: u64,
-    pub tail_snapshots: u64,
-    pub perf_exit: Option<String>,
 }
 
 impl From<&RecorderOutcome> for RecorderSummary {

@@ -25,12 +25,12 @@ use crate::{
         disk_budget::Keeper,
         end::{RecorderFacts, recorder_end},
         outcome::{EndReason, RecorderOutcome},
-        snapshot::{Action, IndexedHit, Policy, Snapshot, SnapshotMachine},
+        snapshot::{Action, Policy, SnapshotMachine},
     },
     error::Failure,
     output::{
         events::{Reporter, SnapshotEvent},
-        index::{Index, OutputDir},
+        index::{Index, IndexedHit, OutputDir, Snapshot},
     },
     perf,
     perf::{

@@ -18,9 +18,10 @@
 //! a `hit` snapshot, merged into a snapshot, or unsnapshotted (perf died
 //! before writing it). So `delivered = hit_snapshots + merged + unsnapshotted`.
 
-use serde::Serialize;
-
-use crate::perf::{data::SampleSpan, offcpu::OffCpu};
+use crate::output::{
+    events::Stats,
+    index::{IndexedHit, Snapshot, SnapshotKind},
+};
 
 /// Least time between a `Dump` line and the next SIGUSR2 or `stop`, in ns:
 /// perf's file names have centisecond resolution.
@@ -29,81 +30,6 @@ pub const MIN_GAP_NS: u64 = 10_000_000;
 /// Most hits listed in one snapshot's index line; further merged hits are
 /// only counted (`unlisted_hits`), so a storm cannot grow memory or the index.
 pub const MAX_LISTED_HITS: usize = 100;
-
-/// One accepted hit as the index records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct IndexedHit {
-    /// Position in ring-buffer order, from 1.
-    pub seq: u64,
-    /// Process id (thread-group id).
-    pub tgid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// CPU the hit ran on.
-    pub cpu: u32,
-    /// `bpf_ktime_get_ns` of the hit (CLOCK_MONOTONIC, ns).
-    pub ktime_ns: u64,
-    /// First six integer arguments at entry.
-    pub args: [u64; agent_common::NARGS],
-    /// `--slower-than`: how long the call took, ns.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub duration_ns: Option<u64>,
-    /// `--slower-than`: the return value (RAX).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retval: Option<u64>,
-    /// True when the hit did not cause its own snapshot but was merged into
-    /// one already on its way.
-    pub merged: bool,
-    /// `--slower-than`: the call began before the snapshot's oldest sample,
-    /// so the file does not reach back to its start (a flight-recorder ring
-    /// too small for the call, or a call that spans an earlier snapshot).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub starts_before_samples: bool,
-    /// The off-CPU breakdown of the hit's thread (`--off-cpu`, on by
-    /// default with `--slower-than`). The recorder computes it from the
-    /// file's context-switch records before indexing.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub off_cpu: Option<OffCpu>,
-}
-
-/// Kind of a snapshot file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SnapshotKind {
-    /// Closed because of one or more accepted hits.
-    Hit,
-    /// perf's last file, renamed as it stopped.
-    Tail,
-}
-
-/// A completed snapshot file: the one record behind both its index line and
-/// its `snapshot` event (fields in this order).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Snapshot {
-    pub kind: SnapshotKind,
-    /// File name, relative to the output directory.
-    pub file: String,
-    /// File size when it completed, bytes. The state machine leaves it 0;
-    /// the recorder fills it in from the file before indexing.
-    pub bytes: u64,
-    /// The hits it answers: the cause first, then merged hits.
-    pub hits: Vec<IndexedHit>,
-    /// Time from the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hit_to_kill_ns: Option<u64>,
-    /// Merged hits beyond [`MAX_LISTED_HITS`]: counted, not listed.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub unlisted_hits: u64,
-    /// Samples in the file and the times of the first and last, on the
-    /// hits' clock. The recorder reads them from the file before indexing
-    /// (absent when it cannot be read).
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub span: Option<SampleSpan>,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
 
 /// What the I/O layer must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,38 +53,12 @@ pub struct Policy {
     pub max_snapshots: Option<u64>,
 }
 
-/// Counts kept by the state machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub struct Stats {
-    /// Hits delivered through the ring buffer.
-    pub delivered: u64,
-    /// Hits merged into a snapshot another hit caused (or into the tail).
-    pub merged: u64,
-    /// Snapshots closed by a hit.
-    pub hit_snapshots: u64,
-    /// Snapshots perf closed as it stopped.
-    pub tail_snapshots: u64,
-    /// Hits whose snapshot perf never wrote (perf died).
-    pub unsnapshotted: u64,
-}
-
 /// Hits bound for one snapshot: the first [`MAX_LISTED_HITS`] listed, the
 /// rest counted.
 #[derive(Debug, Default)]
 struct Hits {
     listed: Vec<IndexedHit>,
     unlisted: u64,
-}
-
-impl Stats {
-    /// Adds another recorder's counts (for a summary over several).
-    pub fn add(&mut self, other: &Stats) {
-        self.delivered += other.delivered;
-        self.merged += other.merged;
-        self.hit_snapshots += other.hit_snapshots;
-        self.tail_snapshots += other.tail_snapshots;
-        self.unsnapshotted += other.unsnapshotted;
-    }
 }
 
 impl Hits {

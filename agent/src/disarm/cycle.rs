@@ -12,48 +12,7 @@
 //! process has its own cooldown and one probe serves them all, so another
 //! process's hit would be missed.
 
-use serde::Serialize;
-
-/// Disarming over a run, for the summary (JSON field `disarm`).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DisarmSummary {
-    /// How the probes are taken out and put back: `uprobe_events` (tracefs
-    /// uprobe events, milliseconds) or `uprobe_pmu` (aya's links, ~0.1 s
-    /// per detach); None when no trigger disarms.
-    pub probes: Option<&'static str>,
-    /// Disarm cycles, over triggers.
-    pub cycles: u64,
-    /// Accepted hits after which the probes stayed in (the cooldown was
-    /// shorter than a detach and an attach), over triggers.
-    pub kept_armed: u64,
-    /// Time the probes were detached, seconds, summed over triggers.
-    pub disarmed_s: f64,
-    /// How late the re-arm was against the cooldown's end, µs (p50, p99).
-    pub rearm_late_us_p50: Option<f64>,
-    pub rearm_late_us_p99: Option<f64>,
-    /// How early the re-arm was against the cooldown's end, µs (p50,
-    /// p99): calls then trap and the kernel's cooldown drops them.
-    pub rearm_early_us_p50: Option<f64>,
-    pub rearm_early_us_p99: Option<f64>,
-    /// Re-arms after a warm-up that took the kernel's grace period ahead
-    /// of time ([`crate::disarm::rcu_warmup`]), over triggers.
-    pub warmed_arms: u64,
-    /// Time to detach one uprobe (arming thread), µs (p50, p99).
-    pub detach_us_p50: Option<f64>,
-    pub detach_us_p99: Option<f64>,
-    /// Time to attach a trigger's uprobes again (arming thread), µs.
-    pub attach_us_p50: Option<f64>,
-    pub attach_us_p99: Option<f64>,
-}
-
-/// A trigger's disarming so far, as each index line records it (`disarm`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct DisarmCounters {
-    /// Disarm cycles started.
-    pub cycles: u64,
-    /// Time the probes were out in the cycles that have ended, ns.
-    pub disarmed_ns: u64,
-}
+use crate::output::index::DisarmCounters;
 
 /// The driver publishes each trigger's [`DisarmCounters`] here; recorders
 /// read them when they index a snapshot.

@@ -16,10 +16,12 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
-    capture::snapshot::{IndexedHit, Snapshot, SnapshotKind, Stats},
     error::Failure,
+    output::{
+        counters::CounterValues,
+        index::{IndexedHit, Snapshot},
+    },
     perf::offcpu::OffCpu,
-    probe::counters::CounterValues,
     symbols::insn::CostHint,
 };
 
@@ -118,13 +120,83 @@ pub struct Summary {
     pub output: PathBuf,
     /// `--exe` and `--config`: each recorder (one per traced process).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub recorders: Vec<crate::capture::outcome::RecorderSummary>,
+    pub recorders: Vec<crate::output::events::RecorderSummary>,
     /// Hits from processes that had no recorder.
     pub unrecorded_hits: u64,
     /// Processes of an `--exe` beyond `--max-targets`, not recorded.
     pub extra_processes: u64,
     /// Probes detached during cooldowns (README, "Disarming").
-    pub disarm: crate::disarm::cycle::DisarmSummary,
+    pub disarm: crate::output::events::DisarmSummary,
+}
+
+/// Counts kept by the state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Stats {
+    /// Hits delivered through the ring buffer.
+    pub delivered: u64,
+    /// Hits merged into a snapshot another hit caused (or into the tail).
+    pub merged: u64,
+    /// Snapshots closed by a hit.
+    pub hit_snapshots: u64,
+    /// Snapshots perf closed as it stopped.
+    pub tail_snapshots: u64,
+    /// Hits whose snapshot perf never wrote (perf died).
+    pub unsnapshotted: u64,
+}
+
+impl Stats {
+    /// Adds another recorder's counts (for a summary over several).
+    pub fn add(&mut self, other: &Stats) {
+        self.delivered += other.delivered;
+        self.merged += other.merged;
+        self.hit_snapshots += other.hit_snapshots;
+        self.tail_snapshots += other.tail_snapshots;
+        self.unsnapshotted += other.unsnapshotted;
+    }
+}
+
+/// One recorder in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecorderSummary {
+    pub trigger: u32,
+    pub pid: i32,
+    pub output: PathBuf,
+    pub end: String,
+    pub hit_snapshots: u64,
+    pub tail_snapshots: u64,
+    pub perf_exit: Option<String>,
+}
+
+/// Disarming over a run, for the summary (JSON field `disarm`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DisarmSummary {
+    /// How the probes are taken out and put back: `uprobe_events` (tracefs
+    /// uprobe events, milliseconds) or `uprobe_pmu` (aya's links, ~0.1 s
+    /// per detach); None when no trigger disarms.
+    pub probes: Option<&'static str>,
+    /// Disarm cycles, over triggers.
+    pub cycles: u64,
+    /// Accepted hits after which the probes stayed in (the cooldown was
+    /// shorter than a detach and an attach), over triggers.
+    pub kept_armed: u64,
+    /// Time the probes were detached, seconds, summed over triggers.
+    pub disarmed_s: f64,
+    /// How late the re-arm was against the cooldown's end, µs (p50, p99).
+    pub rearm_late_us_p50: Option<f64>,
+    pub rearm_late_us_p99: Option<f64>,
+    /// How early the re-arm was against the cooldown's end, µs (p50,
+    /// p99): calls then trap and the kernel's cooldown drops them.
+    pub rearm_early_us_p50: Option<f64>,
+    pub rearm_early_us_p99: Option<f64>,
+    /// Re-arms after a warm-up that took the kernel's grace period ahead
+    /// of time ([`crate::disarm::rcu_warmup`]), over triggers.
+    pub warmed_arms: u64,
+    /// Time to detach one uprobe (arming thread), µs (p50, p99).
+    pub detach_us_p50: Option<f64>,
+    pub detach_us_p99: Option<f64>,
+    /// Time to attach a trigger's uprobes again (arming thread), µs.
+    pub attach_us_p50: Option<f64>,
+    pub attach_us_p99: Option<f64>,
 }
 
 /// Prints events.
@@ -315,7 +387,7 @@ impl Reporter {
         let s = e.snapshot;
         let size = human_bytes(s.bytes);
         match s.kind {
-            SnapshotKind::Hit => {
+            crate::output::index::SnapshotKind::Hit => {
                 let first = &s.hits[0];
                 let merged = s.hits.len() as u64 - 1 + s.unlisted_hits;
                 let merged = if merged > 0 {
@@ -341,7 +413,7 @@ impl Reporter {
                     args(&first.args)
                 ));
             }
-            SnapshotKind::Tail => {
+            crate::output::index::SnapshotKind::Tail => {
                 let n = s.hits.len() as u64 + s.unlisted_hits;
                 let hits = if n == 0 {
                     String::new()
@@ -435,7 +507,7 @@ impl Reporter {
     }
 
     /// The summary's lines on disarming, when there was any.
-    fn disarm_lines(&self, d: &crate::disarm::cycle::DisarmSummary) {
+    fn disarm_lines(&self, d: &crate::output::events::DisarmSummary) {
         if d.cycles > 0 {
             let late = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
             self.print(&format!(
@@ -524,7 +596,7 @@ mod tests {
     #[test]
     fn a_snapshot_event_is_the_snapshot_record_with_its_process_and_number() {
         let snapshot = Snapshot {
-            kind: SnapshotKind::Tail,
+            kind: crate::output::index::SnapshotKind::Tail,
             file: "perf.data.1".into(),
             bytes: 812,
             hits: vec![],

@@ -24,10 +24,98 @@ use std::{
 
 use serde::Serialize;
 
-use crate::{capture::snapshot::Snapshot, error::Failure, probe::counters::CounterValues};
+use crate::{
+    error::Failure,
+    output::counters::CounterValues,
+    perf::{data::SampleSpan, offcpu::OffCpu},
+};
 
 /// File name of the index inside the output directory.
 pub const INDEX_FILE: &str = "snapshots.jsonl";
+
+/// One accepted hit as the index records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IndexedHit {
+    /// Position in ring-buffer order, from 1.
+    pub seq: u64,
+    /// Process id (thread-group id).
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// CPU the hit ran on.
+    pub cpu: u32,
+    /// `bpf_ktime_get_ns` of the hit (CLOCK_MONOTONIC, ns).
+    pub ktime_ns: u64,
+    /// First six integer arguments at entry.
+    pub args: [u64; agent_common::NARGS],
+    /// `--slower-than`: how long the call took, ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+    /// `--slower-than`: the return value (RAX).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retval: Option<u64>,
+    /// True when the hit did not cause its own snapshot but was merged into
+    /// one already on its way.
+    pub merged: bool,
+    /// `--slower-than`: the call began before the snapshot's oldest sample,
+    /// so the file does not reach back to its start (a flight-recorder ring
+    /// too small for the call, or a call that spans an earlier snapshot).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub starts_before_samples: bool,
+    /// The off-CPU breakdown of the hit's thread (`--off-cpu`, on by
+    /// default with `--slower-than`). The recorder computes it from the
+    /// file's context-switch records before indexing.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub off_cpu: Option<OffCpu>,
+}
+
+/// Kind of a snapshot file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotKind {
+    /// Closed because of one or more accepted hits.
+    Hit,
+    /// perf's last file, renamed as it stopped.
+    Tail,
+}
+
+/// A completed snapshot file: the one record behind both its index line and
+/// its `snapshot` event (fields in this order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Snapshot {
+    pub kind: SnapshotKind,
+    /// File name, relative to the output directory.
+    pub file: String,
+    /// File size when it completed, bytes. The state machine leaves it 0;
+    /// the recorder fills it in from the file before indexing.
+    pub bytes: u64,
+    /// The hits it answers: the cause first, then merged hits.
+    pub hits: Vec<IndexedHit>,
+    /// Time from the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hit_to_kill_ns: Option<u64>,
+    /// Merged hits beyond [`crate::capture::snapshot::MAX_LISTED_HITS`]: counted, not listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unlisted_hits: u64,
+    /// Samples in the file and the times of the first and last, on the
+    /// hits' clock. The recorder reads them from the file before indexing
+    /// (absent when it cannot be read).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub span: Option<SampleSpan>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A trigger's disarming so far, as each index line records it (`disarm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DisarmCounters {
+    /// Disarm cycles started.
+    pub cycles: u64,
+    /// Time the probes were out in the cycles that have ended, ns.
+    pub disarmed_ns: u64,
+}
 
 /// Local time as `YYYYmmdd-HHMMSS`.
 pub fn local_timestamp() -> String {
@@ -205,7 +293,7 @@ pub struct Entry<'a> {
     /// The trigger's disarming so far (README, "Disarming during a
     /// cooldown"); absent for a trigger that never disarms.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub disarm: Option<crate::disarm::cycle::DisarmCounters>,
+    pub disarm: Option<crate::output::index::DisarmCounters>,
 }
 
 impl Index {
@@ -230,7 +318,7 @@ impl Index {
         snapshot: &Snapshot,
         counters: CounterValues,
         merged: u64,
-        disarm: Option<crate::disarm::cycle::DisarmCounters>,
+        disarm: Option<crate::output::index::DisarmCounters>,
     ) -> io::Result<()> {
         self.line(&Entry {
             snapshot,
@@ -268,7 +356,6 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::snapshot::SnapshotKind;
 
     #[test]
     fn output_dir_rules() {
@@ -314,7 +401,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut idx = Index::create(tmp.path()).unwrap();
         let snap = Snapshot {
-            kind: SnapshotKind::Tail,
+            kind: crate::output::index::SnapshotKind::Tail,
             file: "perf.data.1".into(),
             bytes: 10,
             hits: vec![],
@@ -322,8 +409,13 @@ mod tests {
             unlisted_hits: 0,
             span: None,
         };
-        idx.snapshot(&snap, CounterValues::default(), 0, None)
-            .unwrap();
+        idx.snapshot(
+            &snap,
+            crate::output::counters::CounterValues::default(),
+            0,
+            None,
+        )
+        .unwrap();
         idx.deleted("perf.data.1").unwrap();
         let text = fs::read_to_string(idx.path()).unwrap();
         let lines: Vec<serde_json::Value> = text

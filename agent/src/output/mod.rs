@@ -1,5 +1,6 @@
 //! What a run writes: its events on stdout, the index of its snapshots, and `run.json`.
 
+pub mod counters;
 pub mod events;
 pub mod index;
 pub mod run_file;

@@ -69,7 +69,7 @@ pub fn drop_in_child<T>(value: T) -> io::Result<Detacher> {
 /// Forks the child; returns its pid and the write end of its pipe, whose
 /// end of file lets it go. Until then, what this process closes is not
 /// the last close.
-pub(crate) fn fork_holder() -> io::Result<(Pid, OwnedFd)> {
+pub fn fork_holder() -> io::Result<(Pid, OwnedFd)> {
     let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     let mut early = fds_to_close_early();
     early.retain(|fd| *fd != read.as_raw_fd());
@@ -121,7 +121,7 @@ fn hold(go: RawFd, early: &[RawFd]) -> ! {
 
 impl Detacher {
     /// The child `pid` of [`fork_holder`], to wait for.
-    pub(crate) fn of(pid: Pid) -> Self {
+    pub fn of(pid: Pid) -> Self {
         Self {
             pid: Some(pid),
             pidfd: crate::sys::pidfd::pidfd_open(pid.as_raw()).ok(),

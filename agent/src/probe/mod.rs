@@ -290,13 +290,11 @@ impl Probes {
     }
 
     /// The settings of `trigger` in CONFIG now (`mt_exit` writes them too).
-    #[cfg(test)]
     pub fn config(&self, trigger: u32) -> TriggerConfig {
         self.get("CONFIG", trigger).expect("CONFIG entry")
     }
 
     /// Whether process `pid` is in `FOLLOWED` now.
-    #[cfg(test)]
     pub fn is_followed(&self, pid: i32) -> bool {
         self.ebpf
             .map("FOLLOWED")
@@ -305,7 +303,6 @@ impl Probes {
     }
 
     /// Detaches the probes of one trigger, waiting for the kernel.
-    #[cfg(test)]
     pub fn detach_trigger(&mut self, trigger: u32) {
         drop(self.take_trigger_links(trigger));
     }
@@ -448,9 +445,6 @@ fn classify_with(err: &(dyn std::error::Error + 'static), doing: &str, denied: &
     }
     Failure::runtime(format!("{doing}: {}", detail.join(": ")))
 }
-
-#[cfg(test)]
-mod kernel_tests;
 
 #[cfg(test)]
 mod tests {

@@ -15,7 +15,7 @@ use object::{
     read::elf::{ElfFile64, ProgramHeader as _, Sym as _, SymbolTable},
 };
 
-use crate::sys::safe_open::{Budgeted, Source};
+use crate::symbols::budget::{Budgeted, Source};
 
 /// Which table a symbol came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,14 +135,17 @@ impl ElfObject {
                 bail!("{}: {e}", path.display());
             }
         };
-        Self::from_source(path.to_path_buf(), Source::File(file), len)
+        Self::from_source(
+            path.to_path_buf(),
+            crate::symbols::budget::Source::File(file),
+            len,
+        )
     }
 
     /// Checks `data`: a 64-bit ELF. For the fuzz harness and tests.
-    #[cfg(test)]
     pub fn from_bytes(path: PathBuf, data: Vec<u8>) -> anyhow::Result<Self> {
         let len = data.len() as u64;
-        Self::from_source(path, Source::Bytes(data), len)
+        Self::from_source(path, crate::symbols::budget::Source::Bytes(data), len)
     }
 
     fn from_source(path: PathBuf, source: Source, len: u64) -> anyhow::Result<Self> {
@@ -156,7 +159,8 @@ impl ElfObject {
             .saturating_mul(8)
             .max(64 << 20)
             .min(crate::symbols::budget::file_bytes());
-        let reader = Budgeted::new(source.clone(), len, budget, path.clone());
+        let reader =
+            crate::symbols::budget::Budgeted::new(source.clone(), len, budget, path.clone());
         let this = Self {
             path,
             cache: ReadCache::new(reader),

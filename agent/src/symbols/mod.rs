@@ -24,8 +24,6 @@
 pub mod budget;
 pub mod elf;
 pub mod frame_pointers;
-#[cfg(test)]
-mod fuzz;
 mod ifunc;
 pub mod insn;
 pub mod maps;

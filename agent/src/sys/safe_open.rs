@@ -106,7 +106,7 @@ impl fmt::Display for Refused {
 impl std::error::Error for Refused {}
 
 /// `N MiB` from 1 MiB up, else `N bytes`.
-fn human_size(bytes: u64) -> String {
+pub fn human_size(bytes: u64) -> String {
     if bytes >= 1 << 20 {
         format!("{} MiB", bytes >> 20)
     } else {
@@ -237,94 +237,6 @@ impl Opened {
         }
         buf.truncate(got);
         Ok(buf)
-    }
-}
-
-/// What a [`Budgeted`] reader reads: a file (with `pread`, so a shared fd's
-/// position never matters) or bytes already in memory (tests, fuzzing).
-#[derive(Debug)]
-pub enum Source {
-    File(File),
-    #[cfg_attr(not(test), allow(dead_code))] // the fuzz harness's inputs
-    Bytes(Vec<u8>),
-}
-
-impl Source {
-    /// Reads at `offset` (like `pread(2)`); 0 at or past the end.
-    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        use std::os::unix::fs::FileExt as _;
-        match self {
-            Source::File(f) => f.read_at(buf, offset),
-            Source::Bytes(b) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
-                let n = buf.len().min(b.len() - start);
-                buf[..n].copy_from_slice(&b[start..start + n]);
-                Ok(n)
-            }
-        }
-    }
-}
-
-/// A `Read + Seek` view of a [`Source`] of `len` bytes (its size when it was
-/// opened: a file that grows is not read further), which fails once `budget`
-/// bytes have been read in all: a malformed file whose headers make a parser
-/// read the same bytes again and again cannot make it read without end.
-#[derive(Debug)]
-pub struct Budgeted {
-    src: std::sync::Arc<Source>,
-    len: u64,
-    pos: u64,
-    read: u64,
-    budget: u64,
-    /// Names the file in the warning given when the budget runs out.
-    label: PathBuf,
-    spent: bool,
-}
-
-impl Budgeted {
-    pub fn new(src: std::sync::Arc<Source>, len: u64, budget: u64, label: PathBuf) -> Self {
-        Self {
-            src,
-            len,
-            pos: 0,
-            read: 0,
-            budget,
-            label,
-            spent: false,
-        }
-    }
-}
-
-impl io::Read for Budgeted {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.len.saturating_sub(self.pos);
-        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-        if self.read.saturating_add(want as u64) > self.budget {
-            if !std::mem::replace(&mut self.spent, true) {
-                crate::symbols::budget::skipped(format!(
-                    "{}: {} read, its read budget; the rest of it is ignored",
-                    self.label.display(),
-                    human_size(self.read)
-                ));
-            }
-            return Err(io::Error::other("read budget spent"));
-        }
-        let n = self.src.read_at(&mut buf[..want], self.pos)?;
-        self.pos += n as u64;
-        self.read += n as u64;
-        Ok(n)
-    }
-}
-
-impl io::Seek for Budgeted {
-    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
-        let pos = match to {
-            io::SeekFrom::Start(p) => Some(p),
-            io::SeekFrom::End(d) => self.len.checked_add_signed(d),
-            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
-        };
-        self.pos = pos.ok_or_else(|| io::Error::other("seek out of range"))?;
-        Ok(self.pos)
     }
 }
 
@@ -568,20 +480,6 @@ mod tests {
             .unwrap();
         let e = o.read_all(3).unwrap_err();
         assert_eq!(e.to_string(), "is 6 bytes, over the 3 bytes size budget");
-    }
-
-    #[test]
-    fn a_budgeted_reader_stops_at_its_budget_and_the_length_seen() {
-        use std::io::{Read as _, Seek as _, SeekFrom};
-        let src = std::sync::Arc::new(Source::Bytes(b"0123456789".to_vec()));
-        let mut r = Budgeted::new(src.clone(), 8, 12, PathBuf::from("x"));
-        let mut buf = [0u8; 16];
-        assert_eq!(r.read(&mut buf).unwrap(), 8, "stops at the length seen");
-        assert_eq!(r.seek(SeekFrom::End(-2)).unwrap(), 6);
-        assert_eq!(r.read(&mut buf[..2]).unwrap(), 2);
-        r.seek(SeekFrom::Start(0)).unwrap();
-        assert!(r.read(&mut buf[..4]).is_err(), "8 + 2 + 4 > 12");
-        assert!(r.seek(SeekFrom::Current(-100)).is_err());
     }
 
     #[test]

@@ -19,8 +19,8 @@ use crate::{
     disarm::{
         arming_thread::{ArmPlan, Armer, Done, Point},
         cycle::{
-            Action, Disarm, DisarmSummary, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS,
-            lead_ns, quantile, round_trip_ns, warm_lead_ns,
+            Action, Disarm, PRIOR_DETACH_NS, RECENT, SWITCH_PRIOR_DETACH_NS, lead_ns, quantile,
+            round_trip_ns, warm_lead_ns,
         },
         event_uprobes::Plan as SwitchPlan,
         tracefs_events,
@@ -29,7 +29,7 @@ use crate::{
         tracefs_reaper::Reaper,
     },
     error::Failure,
-    output::events::Reporter,
+    output::events::{DisarmSummary, Reporter},
     probe::{AttachPlan, Probes, Returns, detach},
     sys::clock::Now,
 };
@@ -229,7 +229,7 @@ impl Arming {
 
     /// The run's totals at `now_ns`.
     pub(super) fn summary(&self, now_ns: u64) -> DisarmSummary {
-        let mut s = DisarmSummary::default();
+        let mut s = crate::output::events::DisarmSummary::default();
         if !self.machines.is_empty() {
             s.probes = Some(if self.switched.is_empty() {
                 "uprobe_pmu"

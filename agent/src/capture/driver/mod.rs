@@ -41,18 +41,17 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::{
     capture::{
         end::run_end,
-        outcome::{EndReason, Outcome, RecorderOutcome, RecorderSummary},
+        outcome::{EndReason, Outcome, RecorderOutcome},
         recorder::{Feedback, Recorder, RecorderFd, Shared},
-        snapshot::{IndexedHit, Policy, Stats},
+        snapshot::Policy,
     },
     error::Failure,
-    output::events::{Armed, Reporter},
-    perf::record::PerfSpec,
-    probe::{
-        AttachPlan, Probes,
-        counters::{CounterValues, Counters},
-        detach,
+    output::{
+        events::{Armed, Reporter},
+        index::IndexedHit,
     },
+    perf::record::PerfSpec,
+    probe::{AttachPlan, Probes, counters::Counters, detach},
     sys::{caps, clock::Now, proc},
 };
 
@@ -1030,7 +1029,7 @@ impl Driver {
             self.setup.reporter.warning(&w);
         }
         self.settle_counters();
-        let mut counters = CounterValues::default();
+        let mut counters = crate::output::counters::CounterValues::default();
         let mut open_calls = 0;
         if let Some(c) = self.counters.get() {
             for t in &self.setup.triggers {
@@ -1038,7 +1037,7 @@ impl Driver {
                 open_calls += c.open_calls(t.index);
             }
         }
-        let mut stats = Stats::default();
+        let mut stats = crate::output::events::Stats::default();
         let mut perf_cpu: Option<Duration> = None;
         for o in &self.finished {
             stats.add(&o.stats);
@@ -1064,7 +1063,11 @@ impl Driver {
             open_calls,
             perf_exit: single.and_then(|o| o.perf_exit.clone()),
             perf_cpu,
-            recorders: self.finished.iter().map(RecorderSummary::from).collect(),
+            recorders: self
+                .finished
+                .iter()
+                .map(crate::output::events::RecorderSummary::from)
+                .collect(),
             unrecorded_hits: self.unrecorded,
             extra_processes: self.extra,
             disarm: self.arming.summary(crate::sys::clock::monotonic_ns()),

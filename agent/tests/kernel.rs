@@ -10,7 +10,8 @@
 //! gate, every later one finds it closed.
 //!
 //! These tests need root (BPF and the uprobe PMU). `cargo xtask test` runs
-//! them in its privileged stage with `--ignored`; without root they fail and
+//! them in its privileged stage (`cargo test -p mt-agent --test kernel --
+//! --ignored`); without root they fail and
 //! say so, they never skip.
 
 use std::{
@@ -23,9 +24,9 @@ use std::{
 use agent_common::{DEFAULT_RING_BYTES, HIT_AT_RETURN, Hit};
 use aya::maps::{MapData, RingBuf};
 
-use super::{AttachPlan, LoadOptions, Probes, Returns};
-use crate::probe::counters::{CounterValues, Counters, Dropped};
-use crate::{
+use mt_agent::probe::{AttachPlan, LoadOptions, Probes, Returns};
+use mt_agent::{output::counters::CounterValues, probe::counters::Counters};
+use mt_agent::{
     plan::conditions::{Filters, trigger_config},
     symbols::maps::parse_maps,
 };
@@ -365,7 +366,11 @@ fn filters_run_in_order_when_every_rate_cooldown() {
     let c = t.counts(0);
     // 10 fail `when`; of the 30 left, `every` keeps 10; the rate gate takes
     // the first of those and drops 9; the cooldown sees only that one.
-    let dropped = Dropped::from_fields(&[("when", 10), ("every", 20), ("rate", 9)]);
+    let dropped = mt_agent::output::counters::Dropped::from_fields(&[
+        ("when", 10),
+        ("every", 20),
+        ("rate", 9),
+    ]);
     assert_eq!(
         c,
         CounterValues {
@@ -577,7 +582,7 @@ fn taken_links_detach_on_drop_and_a_raw_attach_counts_for_its_cookie() {
     let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
     let (path, offset) = location(mt_kernel_test_second);
     let pid = std::process::id() as i32;
-    let link = crate::sys::perf_event::attach(
+    let link = mt_agent::sys::perf_event::attach(
         std::os::fd::AsFd::as_fd(&prog),
         &path,
         offset,
@@ -679,9 +684,9 @@ fn following_forks_counts_the_followed_process_and_its_children_only() {
 }
 
 /// The run's tracefs uprobe events (this process's group).
-fn new_events() -> std::sync::Arc<crate::disarm::tracefs_events::Events> {
-    let dir = crate::disarm::tracefs_events::tracefs().expect("tracefs ({ROOT})");
-    std::sync::Arc::new(crate::disarm::tracefs_events::Events::new(dir))
+fn new_events() -> std::sync::Arc<mt_agent::disarm::tracefs_events::Events> {
+    let dir = mt_agent::disarm::tracefs_events::tracefs().expect("tracefs ({ROOT})");
+    std::sync::Arc::new(mt_agent::disarm::tracefs_events::Events::new(dir))
 }
 
 /// The first byte of a function of this process.
@@ -696,13 +701,13 @@ fn first_byte(f: Probed) -> u8 {
 /// `trigger`'s cookie, armed.
 fn own_switch(
     t: &Traced,
-    events: &std::sync::Arc<crate::disarm::tracefs_events::Events>,
+    events: &std::sync::Arc<mt_agent::disarm::tracefs_events::Events>,
     trigger: u32,
     f: Probed,
-) -> crate::disarm::event_uprobes::Switch {
+) -> mt_agent::disarm::event_uprobes::Switch {
     let (path, offset) = location(f);
     let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
-    crate::disarm::event_uprobes::Plan {
+    mt_agent::disarm::event_uprobes::Plan {
         events: events.clone(),
         trigger,
         path,
@@ -752,7 +757,7 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
 #[test]
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
 fn a_warm_up_changes_no_code_and_its_event_goes_with_it() {
-    use crate::disarm::rcu_warmup::Warmer;
+    use mt_agent::disarm::rcu_warmup::Warmer;
     let _one = serial();
     let mut t = Traced::one(mt_kernel_test_second, Filters::default());
     // The switch is the function's only uprobe.
@@ -844,7 +849,7 @@ fn the_target_counts_without_a_followed_entry_until_it_exits() {
 #[test]
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
 fn a_link_dropped_with_a_holder_child_stays_until_the_child_lets_it_go() {
-    use crate::probe::detach::{Detacher, fork_holder};
+    use mt_agent::probe::detach::{Detacher, fork_holder};
     let _one = serial();
     let mut t = Traced::two();
     let code = mt_kernel_test_second as Probed as usize as *const u8;
