@@ -8,7 +8,7 @@ use mt_agent::{
     commands,
     error::{Failure, failure_of},
     flags::defs::{Cli, Command},
-    output::events::Reporter,
+    output::events::Printer,
     report,
 };
 
@@ -34,13 +34,13 @@ fn main() -> std::process::ExitCode {
             .format_timestamp_micros()
             .init();
     }
-    let reporter = Arc::new(Reporter::new(json, verbose));
+    let printer = Arc::new(Printer::new(json, verbose));
     let result = match cli.command {
         None => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(commands::run::run(cli.run, reporter.clone(), started))),
+            .and_then(|rt| rt.block_on(commands::run::run(cli.run, printer.clone(), started))),
         Some(Command::Symbols(args)) => commands::symbols::run(&args),
         Some(Command::Check(args)) => commands::check::run(&args),
         Some(Command::Report(args)) => report::run(&args),
@@ -51,7 +51,7 @@ fn main() -> std::process::ExitCode {
             let failure = failure_of(&err)
                 .cloned()
                 .unwrap_or_else(|| Failure::runtime(format!("{err:#}")));
-            reporter.error(&failure);
+            printer.error(&failure);
             failure.code
         }
     };
@@ -64,7 +64,7 @@ fn main() -> std::process::ExitCode {
 /// -1`), the kernel ends the process quietly, as it does `cat` or `grep`
 /// (the shell shows status 141), instead of `println!` panicking on EPIPE.
 /// The capture run keeps SIGPIPE ignored and treats EPIPE as an end request
-/// (see `output::Reporter`): perf and the probes must be cleaned up.
+/// (see `output::Printer`): perf and the probes must be cleaned up.
 fn default_sigpipe() {
     // SAFETY: called at start-up, before any other thread exists.
     unsafe {

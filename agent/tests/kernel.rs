@@ -24,7 +24,13 @@ use std::{
 use agent_common::{DEFAULT_RING_BYTES, HIT_AT_RETURN, Hit};
 use aya::maps::{MapData, RingBuf};
 
-use mt_agent::probe::{AttachPlan, LoadOptions, Probes, Returns};
+use mt_agent::{
+    disarm::{event_uprobes::EventUprobes, tracefs_events::UprobeEvents},
+    probe::{
+        LoadOptions, Probes,
+        uprobes::{Program, ProgramFds, TriggerUprobes, Uprobe},
+    },
+};
 use mt_agent::{output::counters::CounterValues, probe::counters::Counters};
 use mt_agent::{
     plan::conditions::{Filters, trigger_config},
@@ -116,14 +122,20 @@ impl Traced {
                 .unwrap_or_else(|e| panic!("writing CONFIG: {e} ({ROOT})"));
             let (path, entry_offset) = location(*f);
             probes
-                .attach(&AttachPlan {
+                .attach(&TriggerUprobes::new(
                     trigger,
                     path,
-                    pid: Some(std::process::id() as i32),
-                    follow_forks: false,
+                    Some(std::process::id() as i32),
+                    false,
                     entry_offset,
-                    returns: uretprobe.then_some(Returns::Uretprobe),
-                })
+                    uretprobe
+                        .then_some(Uprobe {
+                            program: Program::Uretprobe,
+                            offset: entry_offset,
+                        })
+                        .into_iter()
+                        .collect(),
+                ))
                 .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
             assert_eq!(probes.attached_for(trigger), 1 + usize::from(uretprobe));
         }
@@ -579,7 +591,7 @@ fn taken_links_detach_on_drop_and_a_raw_attach_counts_for_its_cookie() {
     call(mt_kernel_test_second, 2, 0, 0);
     assert_eq!(t.counts(1).seen, 1, "a call while disarmed was seen");
     // Re-arm it the way the arming thread does.
-    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
+    let prog = t.probes.program_fd(Program::Entry).expect("mt_entry fd");
     let (path, offset) = location(mt_kernel_test_second);
     let pid = std::process::id() as i32;
     let link = mt_agent::sys::perf_event::attach(
@@ -629,14 +641,14 @@ fn following(target_tgid: Option<u32>) -> (Probes, agent_common::TriggerConfig) 
     probes.configure(0, &cfg).expect("writing CONFIG");
     let (path, entry_offset) = location(mt_kernel_test_first);
     probes
-        .attach(&AttachPlan {
-            trigger: 0,
+        .attach(&TriggerUprobes::new(
+            0,
             path,
-            pid: Some(std::process::id() as i32),
-            follow_forks: true,
+            Some(std::process::id() as i32),
+            true,
             entry_offset,
-            returns: None,
-        })
+            Vec::new(),
+        ))
         .unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     (probes, cfg)
 }
@@ -684,9 +696,9 @@ fn following_forks_counts_the_followed_process_and_its_children_only() {
 }
 
 /// The run's tracefs uprobe events (this process's group).
-fn new_events() -> std::sync::Arc<mt_agent::disarm::tracefs_events::Events> {
+fn new_events() -> std::sync::Arc<UprobeEvents> {
     let dir = mt_agent::disarm::tracefs_events::tracefs().expect("tracefs ({ROOT})");
-    std::sync::Arc::new(mt_agent::disarm::tracefs_events::Events::new(dir))
+    std::sync::Arc::new(UprobeEvents::new(dir))
 }
 
 /// The first byte of a function of this process.
@@ -697,55 +709,56 @@ fn first_byte(f: Probed) -> u8 {
     unsafe { std::ptr::read_volatile(code) }
 }
 
-/// A switch on `f`'s entry in this process, with `t`'s entry program and
-/// `trigger`'s cookie, armed.
-fn own_switch(
+/// Event uprobes on `f`'s entry in this process, with `t`'s entry program
+/// and `trigger`'s cookie, armed.
+fn own_event_uprobes(
     t: &Traced,
-    events: &std::sync::Arc<mt_agent::disarm::tracefs_events::Events>,
+    events: &std::sync::Arc<UprobeEvents>,
     trigger: u32,
     f: Probed,
-) -> mt_agent::disarm::event_uprobes::Switch {
+) -> EventUprobes {
     let (path, offset) = location(f);
-    let prog = t.probes.program_fd("mt_entry").expect("mt_entry fd");
-    mt_agent::disarm::event_uprobes::Plan {
-        events: events.clone(),
+    let uprobes = TriggerUprobes::new(
         trigger,
         path,
-        pid: std::process::id() as i32,
-        points: vec![(std::sync::Arc::new(prog), offset, false)],
-    }
-    .build(&mut Vec::new())
-    .unwrap_or_else(|e| panic!("{e} ({ROOT})"))
+        Some(std::process::id() as i32),
+        false,
+        offset,
+        Vec::new(),
+    );
+    let programs = ProgramFds::of(&t.probes, &uprobes).expect("mt_entry fd");
+    EventUprobes::build(events.clone(), &uprobes, &programs, &mut Vec::new())
+        .unwrap_or_else(|e| panic!("{e} ({ROOT})"))
 }
 
 #[test]
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
-fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() {
+fn event_uprobes_put_the_breakpoint_in_and_take_it_out_and_count_for_their_cookie() {
     let _one = serial();
     // Two triggers, so the program reads the attach cookie; trigger 1's
-    // uprobe is a switch, not an aya link.
+    // uprobe is an event uprobe, not an aya link.
     let mut t = Traced::two();
     drop(t.probes.take_trigger_links(1));
     let events = new_events();
     let byte = || first_byte(mt_kernel_test_second);
     let original = byte();
-    let mut switch = own_switch(&t, &events, 1, mt_kernel_test_second);
-    assert_eq!(switch.len(), 1);
+    let mut event_uprobes = own_event_uprobes(&t, &events, 1, mt_kernel_test_second);
+    assert_eq!(event_uprobes.len(), 1);
     assert_eq!(byte(), 0xcc, "armed: an int3 at the function");
     call(mt_kernel_test_second, 1, 0, 0);
-    switch.disarm();
+    event_uprobes.disarm();
     assert_eq!(byte(), original, "disarmed: the function's own byte");
     call(mt_kernel_test_second, 2, 0, 0);
-    switch.arm().unwrap_or_else(|e| panic!("arm: {e}"));
+    event_uprobes.arm().unwrap_or_else(|e| panic!("arm: {e}"));
     assert_eq!(byte(), 0xcc, "armed again");
     call(mt_kernel_test_second, 3, 0, 0);
     let listing = || std::fs::read_to_string(events.uprobe_events()).expect("read uprobe_events");
     assert!(listing().contains(&format!("{}/", events.group())));
-    drop(switch);
+    drop(event_uprobes);
     assert_eq!(byte(), original, "dropped");
     assert!(
         !listing().contains(&format!("{}/", events.group())),
-        "the switch's event is deleted: {}",
+        "the event uprobe's event is deleted: {}",
         listing()
     );
     let c = t.counts(1);
@@ -757,14 +770,14 @@ fn a_switch_puts_the_breakpoint_in_and_takes_it_out_and_counts_for_its_cookie() 
 #[test]
 #[ignore = "needs root: run by cargo xtask test's privileged stage"]
 fn a_warm_up_changes_no_code_and_its_event_goes_with_it() {
-    use mt_agent::disarm::rcu_warmup::Warmer;
+    use mt_agent::disarm::rcu_warmup::RcuWarmup;
     let _one = serial();
     let mut t = Traced::one(mt_kernel_test_second, Filters::default());
-    // The switch is the function's only uprobe.
+    // The event uprobe is the function's only uprobe.
     drop(t.probes.take_trigger_links(0));
     let events = new_events();
     let listing = || std::fs::read_to_string(events.uprobe_events()).expect("read uprobe_events");
-    let mut warmer = Warmer::new(events.clone()).unwrap_or_else(|e| panic!("{e} ({ROOT})"));
+    let mut warmer = RcuWarmup::new(events.clone()).unwrap_or_else(|e| panic!("{e} ({ROOT})"));
     let memfd = format!("/proc/{}/fd/", std::process::id());
     assert!(
         listing().contains(&format!("{}/", events.group())) && listing().contains(&memfd),
@@ -773,18 +786,18 @@ fn a_warm_up_changes_no_code_and_its_event_goes_with_it() {
     );
     let byte = || first_byte(mt_kernel_test_second);
     let original = byte();
-    let mut switch = own_switch(&t, &events, 0, mt_kernel_test_second);
+    let mut event_uprobes = own_event_uprobes(&t, &events, 0, mt_kernel_test_second);
     warmer.warm().unwrap_or_else(|e| panic!("warm-up: {e}"));
-    assert_eq!(byte(), 0xcc, "a warm-up leaves an armed switch in");
-    switch.disarm();
+    assert_eq!(byte(), 0xcc, "a warm-up leaves armed event uprobes in");
+    event_uprobes.disarm();
     assert_ne!(byte(), 0xcc, "disarmed");
     warmer.warm().unwrap_or_else(|e| panic!("warm-up: {e}"));
     assert_eq!(byte(), original, "a warm-up puts no breakpoint in");
-    switch
+    event_uprobes
         .arm()
         .unwrap_or_else(|e| panic!("arm after a warm-up: {e}"));
     assert_eq!(byte(), 0xcc, "armed after a warm-up");
-    drop(switch);
+    drop(event_uprobes);
     drop(warmer);
     assert!(
         !listing().contains(&format!("{}/", events.group())),
@@ -853,7 +866,7 @@ fn a_link_dropped_with_a_holder_child_stays_until_the_child_lets_it_go() {
     let _one = serial();
     let mut t = Traced::two();
     let code = mt_kernel_test_second as Probed as usize as *const u8;
-    // SAFETY: as in the switch test above.
+    // SAFETY: as in the event uprobes test above.
     let byte = || unsafe { std::ptr::read_volatile(code) };
     assert_eq!(byte(), 0xcc, "attached: an int3 at the function");
     let links = t.probes.take_trigger_links(1);

@@ -40,7 +40,7 @@ use std::{
 
 use object::Object as _;
 
-use crate::{output::events::Reporter, symbols::maps};
+use crate::{output::events::Printer, symbols::maps};
 
 /// The cache's directory inside OUT, as perf's `--buildid-dir` takes it.
 pub const DIR: &str = ".debug";
@@ -78,15 +78,15 @@ struct Cache {
 static CACHE: OnceLock<Cache> = OnceLock::new();
 
 /// Starts the run's cache in `root/.debug` (created at the first copy).
-/// Later calls do nothing. Warnings go to `reporter`.
-pub fn init(root: &Path, reporter: Arc<Reporter>) {
+/// Later calls do nothing. Warnings go to `printer`.
+pub fn init(root: &Path, printer: Arc<Printer>) {
     let root = root.join(DIR);
     let (tx, rx) = mpsc::channel::<Msg>();
     let spawned = std::thread::Builder::new()
         .name("mt-agent-symcache".into())
         .spawn(move || {
             let mut w = Worker::new(root);
-            w.reporter = Some(reporter);
+            w.printer = Some(printer);
             for msg in rx {
                 match msg {
                     Msg::Scan(pid) => {
@@ -159,7 +159,7 @@ struct Worker {
     /// Mapped files found replaced on disk, warned about: (path, inode).
     replaced: HashSet<(PathBuf, u64)>,
     stats: Stats,
-    reporter: Option<Arc<Reporter>>,
+    printer: Option<Arc<Printer>>,
     /// Opened, not yet copied: (path, file).
     held: Vec<(PathBuf, File)>,
 }
@@ -172,7 +172,7 @@ impl Worker {
             kept: HashSet::new(),
             replaced: HashSet::new(),
             stats: Stats::default(),
-            reporter: None,
+            printer: None,
             held: Vec::new(),
         }
     }
@@ -194,7 +194,7 @@ impl Worker {
         for o in code {
             if o.deleted
                 && self.replaced.insert((o.path.clone(), o.inode))
-                && let Some(r) = &self.reporter
+                && let Some(r) = &self.printer
             {
                 // perf re-reads /proc/PID/maps at each switch and looks up
                 // "PATH (deleted)" to read the build-id: it finds nothing.

@@ -29,7 +29,7 @@ use crate::{
     },
     error::Failure,
     output::{
-        events::{Reporter, SnapshotEvent},
+        events::{Printer, SnapshotEvent},
         index::{Index, IndexedHit, OutputDir, Snapshot},
     },
     perf,
@@ -263,7 +263,7 @@ pub struct Recorder {
     machine: SnapshotMachine,
     index: Index,
     output: OutputDir,
-    reporter: Arc<Reporter>,
+    printer: Arc<Printer>,
     counters: Arc<OnceLock<Counters>>,
     /// Files indexed and still on disk.
     listed: Vec<String>,
@@ -287,7 +287,7 @@ pub struct Recorder {
 /// What every recorder of a run shares.
 #[derive(Clone)]
 pub struct Shared {
-    pub reporter: Arc<Reporter>,
+    pub printer: Arc<Printer>,
     /// The kernel's counters, once the programs are loaded.
     pub counters: Arc<OnceLock<Counters>>,
     /// `--max-disk`.
@@ -310,7 +310,7 @@ impl Recorder {
         shared: Shared,
     ) -> Result<Self, Failure> {
         let Shared {
-            reporter,
+            printer,
             counters,
             keeper,
             disarm,
@@ -348,7 +348,7 @@ impl Recorder {
             machine: SnapshotMachine::new(policy),
             index,
             output,
-            reporter,
+            printer,
             counters,
             listed: Vec::new(),
             indexed: HashSet::new(),
@@ -517,14 +517,14 @@ impl Recorder {
         }
         match self.phase.escalate(now.at) {
             Some(Signal::SIGTERM) => {
-                self.reporter.warning(&format!(
+                self.printer.warning(&format!(
                     "perf (pid {}) did not exit 10 s after stop; sending SIGTERM",
                     self.perf_pid()
                 ));
                 self.perf.signal(Signal::SIGTERM);
             }
             Some(signal) => {
-                self.reporter.warning(&format!(
+                self.printer.warning(&format!(
                     "perf (pid {}) did not exit 10 s after SIGTERM; sending SIGKILL",
                     self.perf_pid()
                 ));
@@ -544,7 +544,7 @@ impl Recorder {
         if let Some(cpu) = self.perf.cpu_time()
             && let Some(frac) = self.spin.sample(now.at.duration_since(self.spawned), cpu)
         {
-            self.reporter.warning(&format!(
+            self.printer.warning(&format!(
                 "perf (pid {}) is using {:.0}% of a core (for 2 s or more); perf 6.1 can spin \
                  when threads of the target exit (fixed upstream in 2026)",
                 self.perf_pid(),
@@ -559,7 +559,7 @@ impl Recorder {
             && let (Some(was), Some(now_id)) = (self.exe_id, proc::exe_id(self.tgid))
             && was != now_id
         {
-            self.reporter.warning(&format!(
+            self.printer.warning(&format!(
                 "pid {} exec'd a new image ({}); the probe was bound to the old file and no \
                  longer fires; ending its recording",
                 self.tgid,
@@ -602,7 +602,7 @@ impl Recorder {
                     if l.contains("No space left on device") {
                         self.disk_full = true;
                     }
-                    self.reporter
+                    self.printer
                         .verbose(&format!("perf[{}]: {l}", self.perf_pid()));
                 }
             }
@@ -637,7 +637,7 @@ impl Recorder {
             // perf names files by wall-clock time, so a clock stepped back
             // (NTP, an operator) can reuse a name; `rename()` then replaced
             // the earlier snapshot.
-            self.reporter.warning(&format!(
+            self.printer.warning(&format!(
                 "perf reused the file name {} (the wall clock stepped back?): the earlier \
                  snapshot with that name was overwritten",
                 snap.file
@@ -672,7 +672,7 @@ impl Recorder {
         self.indexed.insert(snap.file.clone());
         self.listed.push(snap.file.clone());
         self.snapshots += 1;
-        self.reporter.snapshot(&SnapshotEvent {
+        self.printer.snapshot(&SnapshotEvent {
             pid: self.tgid,
             n: self.snapshots,
             snapshot: &snap,
@@ -729,7 +729,7 @@ impl Recorder {
         }
         let unsnapshotted = self.machine.on_perf_exit();
         if unsnapshotted > 0 {
-            self.reporter.warning(&format!(
+            self.printer.warning(&format!(
                 "{unsnapshotted} accepted hit(s) of pid {} got no snapshot: perf ended before writing it",
                 self.tgid
             ));
@@ -806,7 +806,10 @@ fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Durat
     for h in &mut snap.hits {
         let back = h.duration_ns.unwrap_or(window.as_nanos() as u64);
         let from = h.ktime_ns.saturating_sub(back);
-        let switches = facts.switches.get(&h.tid).map_or(&[][..], Vec::as_slice);
+        let switches = facts
+            .context_switches
+            .get(&h.tid)
+            .map_or(&[][..], Vec::as_slice);
         h.off_cpu = Some(OffCpu {
             off_cpu_from_ns: from,
             breakdown: offcpu::breakdown(switches, from, h.ktime_ns),

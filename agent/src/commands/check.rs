@@ -23,7 +23,7 @@ use crate::{
     flags::defs::CheckArgs,
     perf,
     perf::record::PerfSpec,
-    probe::{AttachPlan, LoadOptions, Probes, detach},
+    probe::{LoadOptions, Probes, detach, uprobes::TriggerUprobes},
     symbols::maps,
     sys::caps,
 };
@@ -37,11 +37,11 @@ struct Line {
 }
 
 #[derive(Default)]
-struct Report {
+struct Checklist {
     lines: Vec<Line>,
 }
 
-impl Report {
+impl Checklist {
     fn pass(&mut self, what: &'static str, detail: impl Into<String>) {
         self.lines.push(Line {
             pass: true,
@@ -70,7 +70,7 @@ pub extern "C" fn mt_agent_selftest(x: u64) -> u64 {
 
 /// Runs every check and prints the report.
 pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
-    let mut r = Report::default();
+    let mut r = Checklist::default();
     kernel(&mut r);
     btf(&mut r);
     privileges(&mut r, args.pid);
@@ -146,7 +146,7 @@ pub fn sample_rate(freq: u32, limit: Option<u32>) -> Result<(), Failure> {
     }
 }
 
-fn kernel(r: &mut Report) {
+fn kernel(r: &mut Checklist) {
     let (release, version) = kernel_version();
     if version >= MIN_KERNEL {
         r.pass(
@@ -162,7 +162,7 @@ fn kernel(r: &mut Report) {
     }
 }
 
-fn btf(r: &mut Report) {
+fn btf(r: &mut Checklist) {
     if Path::new("/sys/kernel/btf/vmlinux").exists() {
         r.pass("BTF", "/sys/kernel/btf/vmlinux present");
     } else {
@@ -174,7 +174,7 @@ fn btf(r: &mut Report) {
     }
 }
 
-fn privileges(r: &mut Report, pid: Option<i32>) {
+fn privileges(r: &mut Checklist, pid: Option<i32>) {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     let other_user = pid.and_then(caps::owner).is_none_or(|uid| uid != euid);
@@ -213,7 +213,7 @@ fn privileges(r: &mut Report, pid: Option<i32>) {
 
 /// Loads the programs, then attaches a uprobe to [`mt_agent_selftest`] in
 /// this process, calls it three times and reads the kernel's hit counter.
-fn bpf_and_uprobes(r: &mut Report) {
+fn bpf_and_uprobes(r: &mut Checklist) {
     let pmu = Path::new("/sys/bus/event_source/devices/uprobe/type");
     if !pmu.exists() {
         r.fail(
@@ -230,7 +230,7 @@ fn bpf_and_uprobes(r: &mut Report) {
 }
 
 /// Loads the programs and maps, and says whether that worked.
-fn load_programs(r: &mut Report) -> Option<Probes> {
+fn load_programs(r: &mut Checklist) -> Option<Probes> {
     match Probes::load(LoadOptions {
         ring_bytes: 4096,
         verbose: false,
@@ -255,7 +255,7 @@ fn load_programs(r: &mut Report) -> Option<Probes> {
 
 /// Attaches a uprobe to [`mt_agent_selftest`] in this process, calls it
 /// three times and reads the kernel's hit counter.
-fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
+fn fire_selftest_uprobe(r: &mut Checklist, mut probes: Probes) {
     let me = std::process::id() as i32;
     let addr = mt_agent_selftest as *const () as u64;
     let offset = maps::read_objects(me).ok().and_then(|objs| {
@@ -280,15 +280,15 @@ fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
         r.fail("uprobe PMU", format!("{e:#}"), "report a bug");
         return;
     }
-    let plan = AttachPlan {
-        trigger: 0,
-        path: PathBuf::from("/proc/self/exe"),
-        pid: Some(me),
-        follow_forks: false,
-        entry_offset: offset,
-        returns: None,
-    };
-    if let Err(f) = probes.attach(&plan) {
+    let uprobes = TriggerUprobes::new(
+        0,
+        PathBuf::from("/proc/self/exe"),
+        Some(me),
+        false,
+        offset,
+        Vec::new(),
+    );
+    if let Err(f) = probes.attach(&uprobes) {
         r.fail(
             "uprobe PMU",
             f.message,
@@ -317,7 +317,7 @@ fn fire_selftest_uprobe(r: &mut Report, mut probes: Probes) {
     }
 }
 
-fn perf_checks(r: &mut Report, explicit: Option<&Path>) {
+fn perf_checks(r: &mut Checklist, explicit: Option<&Path>) {
     let found = perf::binary::find_perf(explicit)
         .and_then(|p| perf::binary::perf_version(&p).map(|v| (p, v)));
     let (path, version) = match found {
@@ -437,7 +437,7 @@ fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
     Ok(ms)
 }
 
-fn pmu(r: &mut Report) {
+fn pmu(r: &mut Checklist) {
     if perf::binary::has_hardware_pmu() {
         r.pass("hardware PMU", "present: the default event is cycles");
     } else {
@@ -453,7 +453,7 @@ fn pmu(r: &mut Report) {
     }
 }
 
-fn paranoid(r: &mut Report) {
+fn paranoid(r: &mut Checklist) {
     let v = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
     let v = v.trim();
     r.pass(
@@ -462,7 +462,7 @@ fn paranoid(r: &mut Report) {
     );
 }
 
-fn lockdown(r: &mut Report) {
+fn lockdown(r: &mut Checklist) {
     let text = fs::read_to_string("/sys/kernel/security/lockdown").unwrap_or_default();
     let mode = text
         .split_whitespace()
@@ -480,7 +480,7 @@ fn lockdown(r: &mut Report) {
     }
 }
 
-fn free_space(r: &mut Report, dir: &Path) {
+fn free_space(r: &mut Checklist, dir: &Path) {
     const NEED: u64 = 64 << 20;
     match nix::sys::statvfs::statvfs(dir) {
         Ok(s) => {
@@ -504,7 +504,7 @@ fn free_space(r: &mut Report, dir: &Path) {
     }
 }
 
-fn target_check(r: &mut Report, pid: i32) {
+fn target_check(r: &mut Checklist, pid: i32) {
     match target::check(pid) {
         Ok(t) => match maps::read_objects(pid) {
             Ok(objs) => r.pass(

@@ -35,7 +35,7 @@ use crate::{
     error::{ExitCode, Failure},
     flags::defs::RunArgs,
     output::{
-        events::{Armed, Reporter, Summary},
+        events::{Armed, Printer, Summary},
         index,
         index::OutputDir,
     },
@@ -45,7 +45,10 @@ use crate::{
         unwind,
     },
     plan::{Plan, RunSettings, TriggerPlan, WatchArg, conditions::trigger_config, plan},
-    probe::{AttachPlan, LoadOptions, Probes, Returns},
+    probe::{
+        LoadOptions, Probes,
+        uprobes::{Program, TriggerUprobes, Uprobe},
+    },
     symbols,
     symbols::{Resolution, insn},
     sys::{caps, proc},
@@ -54,13 +57,13 @@ use crate::{
 /// Runs a capture; returns the exit code.
 pub async fn run(
     args: RunArgs,
-    reporter: Arc<Reporter>,
+    printer: Arc<Printer>,
     started: Instant,
 ) -> anyhow::Result<ExitCode> {
     // Input that needs no system access first.
     let plan = plan(&args)?;
     check_system(&plan)?;
-    let prepared = prepare(&plan, &args, &reporter, started)?;
+    let prepared = prepare(&plan, &args, &printer, started)?;
     let run_dir = prepared.run_dir.path.clone();
     // Handlers go in before anything can take long, so that a signal is a
     // clean end from here on.
@@ -68,22 +71,17 @@ pub async fn run(
     let armed_events: Vec<Armed> = prepared.triggers.iter().map(|t| t.armed.clone()).collect();
     let (events_tx, events) = unbounded_channel();
     let (handle, _run_dir_guard) =
-        start_driver(&plan, &args, prepared, &reporter, started, events_tx)?;
-    let (outcome, armed) = wait(&handle, events, signals, args.duration, &reporter).await?;
+        start_driver(&plan, &args, prepared, &printer, started, events_tx)?;
+    let (outcome, armed) = wait(&handle, events, signals, args.duration, &printer).await?;
     handle.join();
     let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
     if let Some(kept) = build_id_cache::finish(wrote) {
-        log_symcache(&reporter, &kept);
+        log_symcache(&printer, &kept);
     }
-    let code = summarise(&reporter, &plan, outcome, armed, &run_dir, started);
-    crate::report::record_triggers(&run_dir, &armed_events, &reporter);
+    let code = summarise(&printer, &plan, outcome, armed, &run_dir, started);
+    crate::report::record_triggers(&run_dir, &armed_events, &printer);
     if args.report {
-        crate::report::after_run(
-            &run_dir,
-            plan.settings.perf.as_deref(),
-            &reporter,
-            args.json,
-        );
+        crate::report::after_run(&run_dir, plan.settings.perf.as_deref(), &printer, args.json);
     }
     Ok(code)
 }
@@ -105,7 +103,7 @@ struct Prepared {
 fn prepare(
     plan: &Plan,
     args: &RunArgs,
-    reporter: &Arc<Reporter>,
+    printer: &Arc<Printer>,
     started: Instant,
 ) -> anyhow::Result<Prepared> {
     let perf_path = perf::binary::find_perf(plan.settings.perf.as_deref())?;
@@ -117,13 +115,13 @@ fn prepare(
         std::thread::spawn(move || perf::binary::perf_version(&p))
     };
     // Resolve every trigger before creating anything.
-    let resolved = resolve_all(plan, reporter)?;
+    let resolved = resolve_all(plan, printer)?;
     let unwinding = decide_unwinding(
         args,
         &plan.settings,
         resolved.iter().map(|r| (&r.res, &r.watch)),
     )?;
-    reporter.verbose(&format!(
+    printer.verbose(&format!(
         "stacks: --call-graph {} ({})",
         unwinding.mode, unwinding.reason
     ));
@@ -131,8 +129,8 @@ fn prepare(
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
     let run_dir = OutputDir::prepare(&plan.output_dir(&index::local_timestamp()))?;
-    build_id_cache::init(&run_dir.path, reporter.clone());
-    reporter.verbose(&format!(
+    build_id_cache::init(&run_dir.path, printer.clone());
+    printer.verbose(&format!(
         "{:.1} ms: triggers resolved, output ready",
         started.elapsed().as_secs_f64() * 1e3
     ));
@@ -166,7 +164,7 @@ fn start_driver(
     plan: &Plan,
     args: &RunArgs,
     p: Prepared,
-    reporter: &Arc<Reporter>,
+    printer: &Arc<Printer>,
     started: Instant,
     events_tx: tokio::sync::mpsc::UnboundedSender<Event>,
 ) -> anyhow::Result<(Handle, OutputDir)> {
@@ -196,7 +194,7 @@ fn start_driver(
             keeper,
             max_targets: plan.settings.max_targets as usize,
             agent_started: started,
-            reporter: reporter.clone(),
+            printer: printer.clone(),
             single_pid_run: plan.single_pid_run(),
             verbose: args.verbose,
             rt_priority: args.rt_priority,
@@ -259,13 +257,14 @@ fn check_system(plan: &Plan) -> Result<(), Failure> {
 struct Resolved {
     res: Resolution,
     watch: Watch,
-    returns: Option<Returns>,
+    /// The return probes (`--slower-than`).
+    returns: Vec<Uprobe>,
     cfg: agent_common::TriggerConfig,
 }
 
 /// Finds every trigger's function and builds its kernel table. Errors (exit
 /// code 2): an unknown pid, executable or symbol, bad `--slower-than` use.
-fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failure> {
+fn resolve_all(plan: &Plan, printer: &Printer) -> Result<Vec<Resolved>, Failure> {
     let mut resolved = Vec::new();
     for t in &plan.triggers {
         let (res, watch) = match &t.watch {
@@ -273,7 +272,7 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
                 target::check(*pid)?;
                 (
                     symbols::resolve_waiting(*pid, &t.query, t.wait_for_symbol, &|m| {
-                        reporter.verbose(m)
+                        printer.verbose(m)
                     })?,
                     Watch::Pid(*pid),
                 )
@@ -286,9 +285,9 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
             }
         };
         for note in &res.notes {
-            reporter.warning(note);
+            printer.warning(note);
         }
-        let returns = plan_returns(t, &res, reporter)?;
+        let returns = plan_returns(t, &res, printer)?;
         let mut cfg = trigger_config(&t.filters, res.is_go)?;
         if matches!(watch, Watch::Exe { .. }) {
             // Many processes fire this trigger: each keeps its own cooldown,
@@ -304,7 +303,7 @@ fn resolve_all(plan: &Plan, reporter: &Reporter) -> Result<Vec<Resolved>, Failur
                 // Following puts the uprobe on the file for every process:
                 // on a shared library (libc) every process of the host
                 // would trap there. Only the target's own executable is.
-                reporter.verbose(&format!(
+                printer.verbose(&format!(
                     "forks are not followed: {} is a shared library, and a probe on it for \
                      every process would cost every process that maps it",
                     res.object.path.display()
@@ -343,10 +342,12 @@ fn spawn_loader(
         verbose: args.verbose,
         returns: resolved
             .iter()
-            .any(|r| matches!(r.returns, Some(Returns::RetInstructions(_)))),
+            .flat_map(|r| &r.returns)
+            .any(|u| u.program == Program::Return),
         uretprobe: resolved
             .iter()
-            .any(|r| matches!(r.returns, Some(Returns::Uretprobe))),
+            .flat_map(|r| &r.returns)
+            .any(Uprobe::is_uretprobe),
         single_trigger: (resolved.len() == 1).then_some(0),
         follow_forks: resolved
             .iter()
@@ -389,14 +390,14 @@ fn trigger_setups(
         setups.push(TriggerSetup {
             index,
             armed: armed(index, &r, &out, shown, t.off_cpu.is_some()),
-            plan: AttachPlan {
-                trigger: index,
-                path: r.res.object.open_path.clone(),
+            uprobes: TriggerUprobes::new(
+                index,
+                r.res.object.open_path.clone(),
                 pid,
-                follow_forks: r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0,
-                entry_offset: r.res.attach_offset,
-                returns: r.returns,
-            },
+                r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0,
+                r.res.attach_offset,
+                r.returns,
+            ),
             policy: Policy {
                 after_ns: t.after.map_or(0, |d| d.as_nanos() as u64),
                 max_snapshots: t.max_snapshots,
@@ -436,11 +437,7 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         },
         object: res.object.path.clone(),
         attach_offset: res.attach_offset,
-        uprobes: 1 + match &r.returns {
-            Some(Returns::RetInstructions(v)) => v.len(),
-            Some(Returns::Uretprobe) => 1,
-            None => 0,
-        },
+        uprobes: 1 + r.returns.len(),
         cost: res.cost.clone(),
         output: out.to_path_buf(),
         time_to_armed_ms: 0.0,
@@ -477,7 +474,7 @@ async fn wait(
     mut events: UnboundedReceiver<Event>,
     mut signals: Signals,
     duration: Option<Duration>,
-    reporter: &Reporter,
+    printer: &Printer,
 ) -> anyhow::Result<(Outcome, bool)> {
     let mut deadline: Option<tokio::time::Instant> = None;
     let mut armed = false;
@@ -497,7 +494,7 @@ async fn wait(
             _ = signals.term.recv() => handle.send(Command::Stop(EndReason::Signal("SIGTERM"))),
             _ = signals.hup.recv() => handle.send(Command::Stop(EndReason::Signal("SIGHUP"))),
             // stdout's reader went away (`| head`): a clean end, as for SIGTERM.
-            _ = reporter.stdout_closed() => handle.send(Command::Stop(EndReason::Signal("SIGPIPE"))),
+            _ = printer.stdout_closed() => handle.send(Command::Stop(EndReason::Signal("SIGPIPE"))),
             _ = sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 deadline = None;
                 handle.send(Command::Stop(EndReason::Duration));
@@ -509,7 +506,7 @@ async fn wait(
 /// Prints the failure (if any) and the summary; returns the exit code. A
 /// run that failed before anything was armed prints the error alone.
 fn summarise(
-    reporter: &Reporter,
+    printer: &Printer,
     plan: &Plan,
     outcome: Outcome,
     armed: bool,
@@ -518,13 +515,13 @@ fn summarise(
 ) -> ExitCode {
     let code = outcome.failure.as_ref().map_or(ExitCode::Ok, |f| f.code);
     if let Some(f) = &outcome.failure {
-        reporter.error(f);
+        printer.error(f);
         if !armed {
             // Nothing was attached or recorded: the error alone says it all.
             return code;
         }
     }
-    reporter.summary(&Summary {
+    printer.summary(&Summary {
         end: outcome.reason.describe(),
         exit_code: code as i32,
         counters: outcome.counters,
@@ -584,22 +581,22 @@ fn decide_unwinding<'a>(
 }
 
 /// The -v line on what `OUT/.debug` keeps.
-fn log_symcache(reporter: &Reporter, kept: &build_id_cache::Stats) {
-    reporter.verbose(&format!(
+fn log_symcache(printer: &Printer, kept: &build_id_cache::Stats) {
+    printer.verbose(&format!(
         "{} object(s), {} bytes, kept by build-id in {}",
         kept.objects,
         kept.bytes,
         build_id_cache::DIR
     ));
     for p in &kept.without_build_id {
-        reporter.warning(&format!(
+        printer.warning(&format!(
             "{} has no build-id: a report names its functions from whatever file is at that \
              path then",
             p.display()
         ));
     }
     for f in &kept.failed {
-        reporter.verbose(&format!("not kept: {f}"));
+        printer.verbose(&format!("not kept: {f}"));
     }
 }
 
@@ -622,14 +619,14 @@ fn exe_identity(path: &Path) -> Result<(u64, u64), Failure> {
     Ok((m.dev(), m.ino()))
 }
 
-/// For `--slower-than`: where the returns are probed.
+/// For `--slower-than`: the uprobes that see the returns.
 fn plan_returns(
     t: &TriggerPlan,
     res: &Resolution,
-    reporter: &Reporter,
-) -> Result<Option<Returns>, Failure> {
+    printer: &Printer,
+) -> Result<Vec<Uprobe>, Failure> {
     if t.filters.slower_than.is_none() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     if res.probe_offset > 0 {
         // The entry probe would see the stack pointer after the prologue's
@@ -648,11 +645,14 @@ fn plan_returns(
                  instructions instead)",
             ));
         }
-        reporter.warning(
+        printer.warning(
             "--use-uretprobe: a uretprobe replaces the return address, which breaks C++ exception \
              unwinding through the function (sourceware bug 12275); prefer the default",
         );
-        return Ok(Some(Returns::Uretprobe));
+        return Ok(vec![Uprobe {
+            program: Program::Uretprobe,
+            offset: res.attach_offset,
+        }]);
     }
     let f = &res.function;
     let cold_range: Vec<(u64, u64)> = res
@@ -682,14 +682,20 @@ fn plan_returns(
         )));
     }
     if tail_jumps + indirect > 0 {
-        reporter.warning(&format!(
+        printer.warning(&format!(
             "--slower-than: {} return(s) probed; {tail_jumps} tail jump(s) and {indirect} indirect \
              jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return)",
             offsets.len(),
             f.demangled
         ));
     }
-    Ok(Some(Returns::RetInstructions(offsets)))
+    Ok(offsets
+        .into_iter()
+        .map(|offset| Uprobe {
+            program: Program::Return,
+            offset,
+        })
+        .collect())
 }
 
 /// CPU time this process has used (user + system, all threads), seconds.

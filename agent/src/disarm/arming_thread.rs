@@ -10,7 +10,7 @@
 //! docs/disarming.md. So the driver hands the work to this thread and
 //! hears back through a channel and its wake eventfd.
 //!
-//! A trigger whose uprobes are a [`Switch`] (tracefs uprobe events) is
+//! A trigger whose uprobes are [`EventUprobes`] (tracefs uprobe events) is
 //! disarmed and armed by closing and opening one perf event per uprobe,
 //! in milliseconds. Otherwise (no tracefs), the first detach of a trigger
 //! drops the links aya attached (taken out of the programs); later
@@ -21,8 +21,6 @@
 
 use std::{
     collections::HashMap,
-    os::fd::{AsFd, OwnedFd},
-    path::PathBuf,
     sync::{Arc, mpsc},
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -34,43 +32,37 @@ use nix::sys::eventfd::EventFd;
 use crate::{
     disarm::{
         cycle::{RECENT, quantile},
-        event_uprobes::{Plan as SwitchPlan, Switch},
+        event_uprobes::EventUprobes,
         rcu_warmup,
-        rcu_warmup::Warmer,
+        rcu_warmup::RcuWarmup,
+        tracefs_events::UprobeEvents,
     },
-    probe::{detach, detach::Detacher},
+    probe::{
+        detach::{self, Detacher},
+        uprobes::{ProgramFds, TriggerUprobes},
+    },
     sys::{clock::monotonic_ns, perf_event, perf_event::RawLink},
 };
 
-/// One uprobe to attach.
-pub struct Point {
-    /// The loaded program (`mt_entry`, `mt_return`, `mt_uretprobe`).
-    pub prog: Arc<OwnedFd>,
-    pub offset: u64,
-    /// A uretprobe.
-    pub ret: bool,
-}
-
-/// A trigger's uprobes, as the arming thread attaches them.
-pub struct ArmPlan {
-    pub trigger: u32,
-    pub path: PathBuf,
-    pub pid: i32,
-    pub points: Vec<Point>,
-    /// When the probes should be in (the cooldown's end),
-    /// CLOCK_MONOTONIC ns. A switch is armed then, after a warm-up
-    /// ([`crate::disarm::rcu_warmup`]); other probes are attached at once.
-    pub at_ns: u64,
-}
-
 enum Work {
     /// Detach these links and the thread's own for the trigger (or
-    /// disarm its switch).
+    /// disarm its event uprobes).
     Detach(u32, Vec<UProbeLink>),
-    /// Attach the trigger again (or arm its switch).
-    Attach(ArmPlan),
-    /// Make a trigger's switch, arm it and keep it.
-    SetUp(SwitchPlan),
+    /// Attach the trigger's uprobes again (or arm its event uprobes) so
+    /// that they are in at `at_ns`, CLOCK_MONOTONIC: event uprobes are
+    /// armed then, after a warm-up ([`crate::disarm::rcu_warmup`]); other
+    /// uprobes are attached at once.
+    Attach {
+        uprobes: Arc<TriggerUprobes>,
+        programs: Arc<ProgramFds>,
+        at_ns: u64,
+    },
+    /// Make a trigger's event uprobes, arm them and keep them.
+    SetUp {
+        events: Arc<UprobeEvents>,
+        uprobes: Arc<TriggerUprobes>,
+        programs: Arc<ProgramFds>,
+    },
     /// The trigger is done: drop what the thread holds of it.
     Forget(u32),
 }
@@ -80,25 +72,25 @@ enum Work {
 struct Held {
     /// Links the thread attached, by trigger.
     own: HashMap<u32, Vec<RawLink>>,
-    /// Switches, by trigger.
-    switches: HashMap<u32, Switch>,
-    /// Switches of triggers that are done (or failed to arm), disarmed;
-    /// dropped at the end.
-    retired: Vec<Switch>,
-    /// The warm-up uprobe, made with the first switch (None: it could not
-    /// be, or no switch yet).
-    warmer: Option<Warmer>,
+    /// Event uprobes, by trigger.
+    evented: HashMap<u32, EventUprobes>,
+    /// Event uprobes of triggers that are done (or failed to arm),
+    /// disarmed; dropped at the end.
+    retired: Vec<EventUprobes>,
+    /// The warm-up uprobe, made with the first event uprobes (None: it
+    /// could not be, or none yet).
+    warmer: Option<RcuWarmup>,
     warmer_tried: bool,
     /// A warm-up failed: arms are made at once from then on. The warmer
     /// is kept (its keeper's last close is the detacher child's).
     warm_failed: bool,
-    /// Switches warmed up for, waiting for their moment.
+    /// Event uprobes warmed up for, waiting for their moment.
     timed: Vec<Timed>,
     /// How long the recent arms took once warm, ns.
     warm_arms: Vec<u64>,
 }
 
-/// A switch to arm at `at_ns` (CLOCK_MONOTONIC), whose warm-up took
+/// Event uprobes to arm at `at_ns` (CLOCK_MONOTONIC), whose warm-up took
 /// `warm_ns`.
 struct Timed {
     trigger: u32,
@@ -118,7 +110,7 @@ const ARM_LEAD_QUANTILE: f64 = 0.75;
 impl Held {
     fn work(&mut self, w: Work) -> Option<Done> {
         Some(match w {
-            Work::Detach(trigger, links) => match self.switches.get_mut(&trigger) {
+            Work::Detach(trigger, links) => match self.evented.get_mut(&trigger) {
                 Some(s) => Done::Detached {
                     trigger,
                     per_link_ns: s.disarm(),
@@ -129,29 +121,38 @@ impl Held {
                     detach(trigger, links, own)
                 }
             },
-            Work::Attach(plan) => {
-                if self.switches.contains_key(&plan.trigger) {
-                    return self.arm_at(plan.trigger, plan.at_ns);
+            Work::Attach {
+                uprobes,
+                programs,
+                at_ns,
+            } => {
+                if self.evented.contains_key(&uprobes.trigger) {
+                    return self.arm_at(uprobes.trigger, at_ns);
                 }
-                attach(plan, &mut self.own)
+                attach(&uprobes, &programs, &mut self.own)
             }
-            Work::SetUp(plan) => {
+            Work::SetUp {
+                events,
+                uprobes,
+                programs,
+            } => {
                 if !std::mem::replace(&mut self.warmer_tried, true) {
-                    self.warmer = Warmer::new(plan.events.clone()).ok();
+                    self.warmer = RcuWarmup::new(events.clone()).ok();
                 }
-                let trigger = plan.trigger;
-                let result = plan.build(&mut self.retired).map(|s| {
-                    let n = s.len();
-                    self.switches.insert(trigger, s);
-                    n
-                });
+                let trigger = uprobes.trigger;
+                let result = EventUprobes::build(events, &uprobes, &programs, &mut self.retired)
+                    .map(|s| {
+                        let n = s.len();
+                        self.evented.insert(trigger, s);
+                        n
+                    });
                 Done::SetUp { trigger, result }
             }
             Work::Forget(trigger) => {
                 self.timed.retain(|t| t.trigger != trigger);
                 let links = self.own.remove(&trigger).unwrap_or_default();
                 let mut done = detach(trigger, Vec::new(), links);
-                if let Some(mut s) = self.switches.remove(&trigger) {
+                if let Some(mut s) = self.evented.remove(&trigger) {
                     if let Done::Detached { per_link_ns, .. } = &mut done {
                         per_link_ns.extend(s.disarm());
                     }
@@ -165,7 +166,7 @@ impl Held {
         })
     }
 
-    /// Arms a trigger's switch at `at_ns`: warms up now and waits
+    /// Arms a trigger's event uprobes at `at_ns`: warms up now and waits
     /// ([`Held::step`]) if that is far enough off, else arms at once.
     fn arm_at(&mut self, trigger: u32, at_ns: u64) -> Option<Done> {
         let now = monotonic_ns();
@@ -187,7 +188,7 @@ impl Held {
             }
         }
         let can_warm = self.can_warm();
-        let s = self.switches.get_mut(&trigger)?;
+        let s = self.evented.get_mut(&trigger)?;
         Some(arm(trigger, s, None, can_warm))
     }
 
@@ -211,7 +212,7 @@ impl Held {
         })
     }
 
-    /// At `now_ns`: arms the timed switches whose moment has come, and
+    /// At `now_ns`: arms the timed event uprobes whose moment has come, and
     /// keeps the kernel warm for the others.
     fn step(&mut self, now_ns: u64) -> Vec<Done> {
         let lead = self.arm_lead();
@@ -221,7 +222,7 @@ impl Held {
         self.timed = wait;
         let mut done = Vec::new();
         for t in due {
-            let Some(s) = self.switches.get_mut(&t.trigger) else {
+            let Some(s) = self.evented.get_mut(&t.trigger) else {
                 continue;
             };
             let d = arm(t.trigger, s, Some(t.warm_ns), true);
@@ -245,7 +246,7 @@ impl Held {
 /// What the thread did.
 #[derive(Debug)]
 pub enum Done {
-    /// A trigger's switch was made and armed: its number of uprobes, or
+    /// A trigger's event uprobes were made and armed: its number of uprobes, or
     /// why not.
     SetUp {
         trigger: u32,
@@ -274,13 +275,13 @@ pub enum Done {
 }
 
 /// The driver's handle on the thread.
-pub struct Armer {
+pub struct ArmingThread {
     tx: Option<mpsc::Sender<Work>>,
     pub rx: mpsc::Receiver<Done>,
     thread: Option<JoinHandle<Held>>,
 }
 
-impl Armer {
+impl ArmingThread {
     /// Starts the thread; it writes `wake` after each piece of work.
     pub fn spawn(wake: Arc<EventFd>) -> std::io::Result<Self> {
         let (tx, work) = mpsc::channel::<Work>();
@@ -316,10 +317,19 @@ impl Armer {
         }
     }
 
-    /// Makes, arms and keeps a trigger's switch. Never blocks.
-    pub fn set_up(&self, plan: SwitchPlan) {
+    /// Makes, arms and keeps a trigger's event uprobes. Never blocks.
+    pub fn set_up(
+        &self,
+        events: Arc<UprobeEvents>,
+        uprobes: Arc<TriggerUprobes>,
+        programs: Arc<ProgramFds>,
+    ) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Work::SetUp(plan));
+            let _ = tx.send(Work::SetUp {
+                events,
+                uprobes,
+                programs,
+            });
         }
     }
 
@@ -330,10 +340,15 @@ impl Armer {
         }
     }
 
-    /// Attaches a trigger's uprobes again. Never blocks.
-    pub fn attach(&self, plan: ArmPlan) {
+    /// Attaches a trigger's uprobes again, to be in at `at_ns`
+    /// (CLOCK_MONOTONIC). Never blocks.
+    pub fn attach(&self, uprobes: Arc<TriggerUprobes>, programs: Arc<ProgramFds>, at_ns: u64) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Work::Attach(plan));
+            let _ = tx.send(Work::Attach {
+                uprobes,
+                programs,
+                at_ns,
+            });
         }
     }
 
@@ -347,7 +362,7 @@ impl Armer {
     }
 }
 
-impl Drop for Armer {
+impl Drop for ArmingThread {
     fn drop(&mut self) {
         if let Some(Ok(mut d)) = self.finish() {
             d.wait(std::time::Instant::now() + detach::WAIT);
@@ -399,8 +414,8 @@ fn detach(trigger: u32, links: Vec<UProbeLink>, own: Vec<RawLink>) -> Done {
     }
 }
 
-/// Arms a switch; `warm_ns`: the warm-up's time, if there was one.
-fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>, can_warm: bool) -> Done {
+/// Arms event uprobes; `warm_ns`: the warm-up's time, if there was one.
+fn arm(trigger: u32, s: &mut EventUprobes, warm_ns: Option<u64>, can_warm: bool) -> Done {
     let t = Instant::now();
     let result = s
         .arm()
@@ -415,35 +430,45 @@ fn arm(trigger: u32, s: &mut Switch, warm_ns: Option<u64>, can_warm: bool) -> Do
     }
 }
 
-fn attach(plan: ArmPlan, own: &mut HashMap<u32, Vec<RawLink>>) -> Done {
+fn attach(
+    uprobes: &TriggerUprobes,
+    programs: &ProgramFds,
+    own: &mut HashMap<u32, Vec<RawLink>>,
+) -> Done {
     let t = Instant::now();
     let mut links = Vec::new();
     let mut result = Ok(());
-    // The return probes first and the entry last (as `Switch::arm`).
-    for p in plan.points.iter().rev() {
-        match perf_event::attach(
-            p.prog.as_fd(),
-            &plan.path,
-            p.offset,
-            p.ret,
-            plan.pid,
-            u64::from(plan.trigger),
-        ) {
+    // The return probes first and the entry last (as `EventUprobes::arm`).
+    for u in uprobes.uprobes.iter().rev() {
+        let attached = programs
+            .get(u.program)
+            .ok_or_else(|| std::io::Error::other(format!("no fd of {}", u.program.name())))
+            .and_then(|prog| {
+                perf_event::attach(
+                    prog,
+                    &uprobes.path,
+                    u.offset,
+                    u.is_uretprobe(),
+                    uprobes.perf_pid(),
+                    u64::from(uprobes.trigger),
+                )
+            });
+        match attached {
             Ok(l) => links.push(l),
             Err(e) => {
                 result = Err(format!(
                     "attaching a uprobe to {}+{:#x}: {e}",
-                    plan.path.display(),
-                    p.offset
+                    uprobes.path.display(),
+                    u.offset
                 ));
                 links.clear();
                 break;
             }
         }
     }
-    own.entry(plan.trigger).or_default().extend(links);
+    own.entry(uprobes.trigger).or_default().extend(links);
     Done::Attached {
-        trigger: plan.trigger,
+        trigger: uprobes.trigger,
         result,
         at_ns: monotonic_ns(),
         took_ns: t.elapsed().as_nanos() as u64,

@@ -30,10 +30,10 @@ pub enum Action {
 /// Totals of one trigger's disarming, for the summary and the index.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DisarmStats {
-    /// Disarm cycles (detach, then attach again or the end of the run).
+    /// DisarmCycle cycles (detach, then attach again or the end of the run).
     pub cycles: u64,
     /// Time spent disarmed, ns (closed cycles, and the open one up to the
-    /// time given to [`Disarm::stats_at`]).
+    /// time given to [`DisarmCycle::stats_at`]).
     pub disarmed_ns: u64,
     /// For each re-arm: how late it was against the cooldown's end, ns.
     pub rearm_late_ns: Vec<u64>,
@@ -64,7 +64,7 @@ enum State {
 
 /// One trigger's disarm state.
 #[derive(Debug, Clone)]
-pub struct Disarm {
+pub struct DisarmCycle {
     cooldown_ns: u64,
     /// Don't disarm when less than this is left of the cooldown: the probes
     /// would not be back by its end ([`round_trip_ns`]).
@@ -73,7 +73,7 @@ pub struct Disarm {
     stats: DisarmStats,
 }
 
-impl Disarm {
+impl DisarmCycle {
     /// A machine for a cooldown of `cooldown_ns` (> 0).
     pub fn new(cooldown_ns: u64, min_gap_ns: u64) -> Self {
         Self {
@@ -210,13 +210,13 @@ pub const PRIOR_DETACH_NS: u64 = 130_000_000;
 pub const PRIOR_ATTACH_NS: u64 = 20_000_000;
 /// The same for a switch's detach: closing one perf event per uprobe,
 /// 0.05-4 ms measured here (docs/disarming.md), rounded up.
-pub const SWITCH_PRIOR_DETACH_NS: u64 = 5_000_000;
+pub const EVENTS_PRIOR_DETACH_NS: u64 = 5_000_000;
 
 /// How long the probes take to go out and come back: the median of the
 /// recent detaches (one trigger's uprobes, ns) plus that of the recent
 /// attaches, each with its prior until measured. A cooldown shorter than
 /// this would bring the probes back late and miss calls it could accept.
-/// `prior_detach_ns`: [`PRIOR_DETACH_NS`] or [`SWITCH_PRIOR_DETACH_NS`].
+/// `prior_detach_ns`: [`PRIOR_DETACH_NS`] or [`EVENTS_PRIOR_DETACH_NS`].
 pub fn round_trip_ns(detaches: &[u64], attaches: &[u64], prior_detach_ns: u64) -> u64 {
     let median = |v: &[u64]| quantile(v, 0.5);
     median(detaches).unwrap_or(prior_detach_ns) + median(attaches).unwrap_or(PRIOR_ATTACH_NS)
@@ -282,14 +282,14 @@ mod tests {
     const MS: u64 = 1_000_000;
     const SEC: u64 = 1_000_000_000;
 
-    fn rearm(d: &mut Disarm, at: u64) -> Action {
+    fn rearm(d: &mut DisarmCycle, at: u64) -> Action {
         d.rearming();
         d.rearmed(at)
     }
 
     #[test]
     fn a_hit_disarms_until_the_cooldown_ends() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         assert_eq!(d.on_hit(1_000 * MS, 1_000 * MS + 50_000), Action::Detach);
         assert!(d.is_disarmed());
         assert_eq!(d.rearm_at(0), Some(1_100 * MS));
@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn an_early_rearm_is_not_late() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         d.on_hit(0, 0);
         assert_eq!(rearm(&mut d, 95 * MS), Action::Keep);
         assert_eq!(d.stats_at(95 * MS).rearm_late_ns, vec![0]);
@@ -318,7 +318,7 @@ mod tests {
 
     #[test]
     fn a_hit_read_too_late_does_not_disarm() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         // Read 99.5 ms after it happened: half a ms left, below the gap.
         assert_eq!(d.on_hit(0, 99 * MS + MS / 2), Action::Keep);
         assert!(!d.is_disarmed());
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn hits_read_while_disarmed_extend_the_cooldown_only_forward() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         assert_eq!(d.on_hit(10 * MS, 10 * MS), Action::Detach);
         assert_eq!(d.on_hit(5 * MS, 11 * MS), Action::Keep);
         assert_eq!(d.rearm_at(0), Some(110 * MS));
@@ -341,7 +341,7 @@ mod tests {
 
     #[test]
     fn a_hit_of_the_new_probes_before_the_attach_returns_disarms_again() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         d.on_hit(0, 0);
         d.rearming();
         // The probes went in at ~99 ms; a call at 100 ms was accepted and
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn finish_closes_an_open_cycle_without_a_rearm() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         d.on_hit(0, 0);
         assert_eq!(d.stats_at(30 * MS).disarmed_ns, 30 * MS);
         d.finish(40 * MS);
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn cycles_add_up() {
-        let mut d = Disarm::new(10 * MS, 0);
+        let mut d = DisarmCycle::new(10 * MS, 0);
         for i in 0..5 {
             let t = i * 20 * MS;
             assert_eq!(d.on_hit(t, t), Action::Detach);
@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn a_cooldown_shorter_than_the_round_trip_keeps_the_probes_in() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         d.set_min_gap(round_trip_ns(&[], &[], PRIOR_DETACH_NS));
         assert_eq!(d.on_hit(0, 0), Action::Keep);
         assert_eq!(d.stats_at(0).kept_armed, 1);
@@ -415,8 +415,8 @@ mod tests {
             PRIOR_DETACH_NS + PRIOR_ATTACH_NS
         );
         assert_eq!(
-            round_trip_ns(&[], &[], SWITCH_PRIOR_DETACH_NS),
-            SWITCH_PRIOR_DETACH_NS + PRIOR_ATTACH_NS
+            round_trip_ns(&[], &[], EVENTS_PRIOR_DETACH_NS),
+            EVENTS_PRIOR_DETACH_NS + PRIOR_ATTACH_NS
         );
         assert_eq!(
             round_trip_ns(&[5, 7, 900], &[], PRIOR_DETACH_NS),
@@ -450,7 +450,7 @@ mod tests {
 
     #[test]
     fn a_rearm_records_how_early_or_late_it_was() {
-        let mut d = Disarm::new(100 * MS, MS);
+        let mut d = DisarmCycle::new(100 * MS, MS);
         d.on_hit(0, 0);
         rearm(&mut d, 99 * MS);
         d.on_hit(100 * MS, 100 * MS);

@@ -1,7 +1,7 @@
-//! A trigger's uprobes as a switch: tracefs uprobe events
+//! A trigger's uprobes as tracefs uprobe events
 //! ([`crate::disarm::tracefs_events`]) that stay registered all run, whose
-//! breakpoints go into the target's code when the switch is armed and out
-//! of it when it is disarmed, without the kernel's grace periods.
+//! breakpoints go into the target's code when they are armed and out
+//! of it when they are disarmed, without the kernel's grace periods.
 //!
 //! Each uprobe is one event with two kinds of perf event on it:
 //! * the keeper, opened on a kernel thread (kthreadd). It registers the
@@ -15,14 +15,15 @@
 //!   target, closing it removes them.
 
 use std::{
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
-    path::{Path, PathBuf},
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
     sync::Arc,
     time::Instant,
 };
 
 use crate::{
-    disarm::tracefs_events::{Event, Events},
+    disarm::tracefs_events::{UprobeEvent, UprobeEvents},
+    probe::uprobes::{ProgramFds, TriggerUprobes},
     sys::perf_event,
 };
 
@@ -34,11 +35,11 @@ const KEEPER_PID: i32 = 2;
 /// as the keeper is open, with a breakpoint in no process. On an error,
 /// the event is deleted again.
 pub fn kept_event(
-    events: &Events,
+    events: &UprobeEvents,
     path: &Path,
     offset: u64,
     ret: bool,
-) -> Result<(Event, OwnedFd), String> {
+) -> Result<(UprobeEvent, OwnedFd), String> {
     if !crate::sys::proc::is_kernel_thread(KEEPER_PID) {
         return Err(format!("pid {KEEPER_PID} is not a kernel thread here"));
     }
@@ -54,8 +55,8 @@ pub fn kept_event(
     }
 }
 
-/// One uprobe of the switch.
-struct Point {
+/// One uprobe, kept registered.
+struct Kept {
     event: String,
     id: u64,
     // Field order is drop order: the arm, the link, the keeper.
@@ -64,74 +65,52 @@ struct Point {
     _keeper: OwnedFd,
 }
 
-/// A trigger's uprobes.
-pub struct Switch {
-    events: Arc<Events>,
+/// A trigger's uprobes as tracefs uprobe events, each kept registered.
+pub struct EventUprobes {
+    events: Arc<UprobeEvents>,
     pid: i32,
-    points: Vec<Point>,
+    kept: Vec<Kept>,
 }
 
-/// One uprobe to make: the program, the file offset, a uretprobe or not.
-pub struct Spec<'a> {
-    pub prog: BorrowedFd<'a>,
-    pub offset: u64,
-    pub ret: bool,
-}
-
-/// A trigger's switch to make (on the arming thread).
-pub struct Plan {
-    pub events: Arc<Events>,
-    pub trigger: u32,
-    pub path: PathBuf,
-    /// The target, or -1 for every process (a trigger following forks).
-    pub pid: i32,
-    /// (program, file offset, uretprobe).
-    pub points: Vec<(Arc<OwnedFd>, u64, bool)>,
-}
-
-impl Plan {
-    /// Makes the switch and arms it. If it cannot be armed, the switch
-    /// goes to `failed`, disarmed: its keepers' last close can wait for
-    /// the kernel, so it is for the caller to drop ([`crate::probe::detach`]).
-    pub fn build(self, failed: &mut Vec<Switch>) -> Result<Switch, String> {
-        let specs: Vec<Spec> = self
-            .points
-            .iter()
-            .map(|(prog, offset, ret)| Spec {
-                prog: prog.as_fd(),
-                offset: *offset,
-                ret: *ret,
-            })
-            .collect();
-        let cookie = u64::from(self.trigger);
-        let mut s = Switch::new(self.events.clone(), &self.path, self.pid, cookie, &specs)?;
+impl EventUprobes {
+    /// Makes a trigger's uprobes as events and arms them. If they cannot be
+    /// armed, they go to `failed`, disarmed: their keepers' last close can
+    /// wait for the kernel, so it is for the caller to drop
+    /// ([`crate::probe::detach`]).
+    pub fn build(
+        events: Arc<UprobeEvents>,
+        uprobes: &TriggerUprobes,
+        programs: &ProgramFds,
+        failed: &mut Vec<EventUprobes>,
+    ) -> Result<Self, String> {
+        let mut s = Self::new(events, uprobes, programs)?;
         if let Err(e) = s.arm() {
             failed.push(s);
             return Err(format!("arming: {e}"));
         }
         Ok(s)
     }
-}
 
-impl Switch {
-    /// Defines the uprobes of `path` for process `pid` (-1: every
-    /// process) with their keepers, disarmed.
+    /// Defines the uprobes of a trigger, for its [`TriggerUprobes::perf_pid`],
+    /// with their keepers, disarmed.
     pub fn new(
-        events: Arc<Events>,
-        path: &Path,
-        pid: i32,
-        cookie: u64,
-        specs: &[Spec<'_>],
+        events: Arc<UprobeEvents>,
+        uprobes: &TriggerUprobes,
+        programs: &ProgramFds,
     ) -> Result<Self, String> {
         let mut s = Self {
             events,
-            pid,
-            points: Vec::new(),
+            pid: uprobes.perf_pid(),
+            kept: Vec::new(),
         };
-        for spec in specs {
-            let (ev, keeper) = kept_event(&s.events, path, spec.offset, spec.ret)?;
-            match perf_event::link(spec.prog, keeper.as_fd(), cookie) {
-                Ok(link) => s.points.push(Point {
+        let cookie = u64::from(uprobes.trigger);
+        for u in &uprobes.uprobes {
+            let prog = programs
+                .get(u.program)
+                .ok_or_else(|| format!("no fd of program {}", u.program.name()))?;
+            let (ev, keeper) = kept_event(&s.events, &uprobes.path, u.offset, u.is_uretprobe())?;
+            match perf_event::link(prog, keeper.as_fd(), cookie) {
+                Ok(link) => s.kept.push(Kept {
                     event: ev.name,
                     id: ev.id,
                     arm: None,
@@ -147,22 +126,21 @@ impl Switch {
         }
         Ok(s)
     }
-
     /// Number of uprobes.
     pub fn len(&self) -> usize {
-        self.points.len()
+        self.kept.len()
     }
 
     /// Puts the breakpoints in, the return probes first and the entry
     /// last: an entry seen then has its returns watched. On an error, none
     /// is in.
     pub fn arm(&mut self) -> std::io::Result<()> {
-        for i in (0..self.points.len()).rev() {
-            if self.points[i].arm.is_some() {
+        for i in (0..self.kept.len()).rev() {
+            if self.kept[i].arm.is_some() {
                 continue;
             }
-            match perf_event::open_tracepoint(self.points[i].id, self.pid) {
-                Ok(fd) => self.points[i].arm = Some(fd),
+            match perf_event::open_tracepoint(self.kept[i].id, self.pid) {
+                Ok(fd) => self.kept[i].arm = Some(fd),
                 Err(e) => {
                     self.disarm();
                     return Err(e);
@@ -176,7 +154,7 @@ impl Switch {
     /// close, ns.
     pub fn disarm(&mut self) -> Vec<u64> {
         let mut took = Vec::new();
-        for p in &mut self.points {
+        for p in &mut self.kept {
             if let Some(fd) = p.arm.take() {
                 let t = Instant::now();
                 drop(fd);
@@ -187,12 +165,12 @@ impl Switch {
     }
 }
 
-impl Drop for Switch {
+impl Drop for EventUprobes {
     /// Disarms, closes the keepers (the last perf event of an event
     /// unregisters its uprobe: grace periods, on the arming thread) and
     /// deletes the events.
     fn drop(&mut self) {
-        for p in std::mem::take(&mut self.points) {
+        for p in std::mem::take(&mut self.kept) {
             let name = p.event.clone();
             drop(p);
             let _ = self.events.delete(&name);

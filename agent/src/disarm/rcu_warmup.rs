@@ -1,4 +1,4 @@
-//! Takes the kernel's wait out of a re-arm, so that a switch's breakpoints
+//! Takes the kernel's wait out of a re-arm, so that a trigger's event uprobes
 //! go in when the cooldown ends rather than somewhere in the 8-16 ms before.
 //!
 //! Putting a uprobe's breakpoints in or out (`register_for_each_vma()` in
@@ -14,7 +14,7 @@
 //! makes one every [`WARM_EVERY_NS`] until the arm, which goes straight in.
 //!
 //! The writer: a tracefs uprobe event on an empty memfd that no process
-//! maps, kept registered by a keeper perf event on kthreadd (as a switch's
+//! maps, kept registered by a keeper perf event on kthreadd (as event uprobes
 //! are, [`crate::disarm::event_uprobes`]). Opening a perf event on it for the
 //! calling thread adds the agent to the event's filter and applies the
 //! uprobe (`uprobe_perf_open()` → `uprobe_apply()` in
@@ -30,7 +30,7 @@ use std::{
 };
 
 use crate::{
-    disarm::{event_uprobes, tracefs_events::Events},
+    disarm::{event_uprobes, tracefs_events::UprobeEvents},
     sys::{clock, perf_event},
 };
 
@@ -44,8 +44,8 @@ pub const WARM_EVERY_NS: u64 = 1_000_000;
 pub const WARM_IF_AHEAD_NS: u64 = 4_000_000;
 
 /// The warm-up uprobe.
-pub struct Warmer {
-    events: Arc<Events>,
+pub struct RcuWarmup {
+    events: Arc<UprobeEvents>,
     name: String,
     id: u64,
     /// Taken out first on drop: the event is deleted after it.
@@ -55,9 +55,9 @@ pub struct Warmer {
     last_ns: u64,
 }
 
-impl Warmer {
+impl RcuWarmup {
     /// Makes the warm-up event in `events`' group, with its keeper.
-    pub fn new(events: Arc<Events>) -> Result<Self, String> {
+    pub fn new(events: Arc<UprobeEvents>) -> Result<Self, String> {
         let file = memfd().map_err(|e| format!("memfd_create: {e}"))?;
         // The agent's pid, not `self`: the listing is read by others.
         let path = PathBuf::from(format!(
@@ -94,7 +94,7 @@ impl Warmer {
     }
 }
 
-impl Drop for Warmer {
+impl Drop for RcuWarmup {
     /// Closes the keeper (its last close unregisters the uprobe: grace
     /// periods, see [`crate::probe::detach`]) and deletes the event.
     fn drop(&mut self) {

@@ -62,7 +62,7 @@ fn pid_of_group(group: &str) -> Option<u32> {
 }
 
 /// One agent's uprobe events.
-pub struct Events {
+pub struct UprobeEvents {
     dir: PathBuf,
     group: String,
     next: AtomicU32,
@@ -70,12 +70,12 @@ pub struct Events {
 
 /// A uprobe event: its name in the group and its tracepoint id.
 #[derive(Debug)]
-pub struct Event {
+pub struct UprobeEvent {
     pub name: String,
     pub id: u64,
 }
 
-impl Events {
+impl UprobeEvents {
     /// This process's group in the tracefs directory `dir`.
     pub fn new(dir: PathBuf) -> Self {
         Self {
@@ -100,7 +100,7 @@ impl Events {
 
     /// Defines a uprobe (a uretprobe if `ret`) at `path`+`offset`. Nothing
     /// is in any process's code until a perf event opens it.
-    pub fn create(&self, path: &Path, offset: u64, ret: bool) -> io::Result<Event> {
+    pub fn create(&self, path: &Path, offset: u64, ret: bool) -> io::Result<UprobeEvent> {
         let path = path.to_str().filter(|p| !p.contains(char::is_whitespace));
         let Some(path) = path else {
             return Err(io::Error::other("the path has white space or is not UTF-8"));
@@ -118,7 +118,7 @@ impl Events {
         let id = std::fs::read_to_string(&id_file)
             .and_then(|s| s.trim().parse().map_err(io::Error::other));
         match id {
-            Ok(id) => Ok(Event { name, id }),
+            Ok(id) => Ok(UprobeEvent { name, id }),
             Err(e) => {
                 let _ = self.delete(&name);
                 Err(e)

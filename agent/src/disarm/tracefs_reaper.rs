@@ -38,13 +38,13 @@ const FAST_RETRY_NS: libc::c_long = 40_000_000;
 
 /// The running reaper. Dropping it (at the end of a run, after the agent
 /// deleted its events itself) lets the child go and waits for it.
-pub struct Reaper {
+pub struct TracefsReaper {
     pid: Pid,
     pipe: Option<std::os::fd::OwnedFd>,
 }
 
 /// Forks the reaper of `group` in the tracefs file `uprobe_events`.
-pub fn spawn(uprobe_events: &Path, group: &str) -> io::Result<Reaper> {
+pub fn spawn(uprobe_events: &Path, group: &str) -> io::Result<TracefsReaper> {
     let file = CString::new(uprobe_events.as_os_str().as_bytes()).map_err(io::Error::other)?;
     let line = format!("-:{group}/\n").into_bytes();
     let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
@@ -55,7 +55,7 @@ pub fn spawn(uprobe_events: &Path, group: &str) -> io::Result<Reaper> {
         0 => reap(read.as_raw_fd(), &file, &line),
         pid => {
             drop(read);
-            Ok(Reaper {
+            Ok(TracefsReaper {
                 pid: Pid::from_raw(pid),
                 pipe: Some(write),
             })
@@ -104,7 +104,7 @@ fn reap(read: i32, file: &CString, line: &[u8]) -> ! {
     }
 }
 
-impl Reaper {
+impl TracefsReaper {
     /// Lets the child go without waiting for it: it deletes the group when
     /// the agent's perf events no longer hold it (10 minutes at most).
     pub fn let_go(mut self) {
@@ -114,7 +114,7 @@ impl Reaper {
     }
 }
 
-impl Drop for Reaper {
+impl Drop for TracefsReaper {
     fn drop(&mut self) {
         self.pipe.take();
         let _ = waitpid(self.pid, None);

@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
 use super::parse::{
-    Request, duration_text, parse_duration, parse_request, parse_size, parse_u64, rate_text,
+    CallGraph, duration_text, parse_duration, parse_request, parse_size, parse_u64, rate_text,
 };
 
 const ABOUT: &str = "Profile the moment a function is called: every accepted call of \
@@ -141,7 +141,7 @@ pub struct RunArgs {
     /// DWARF when the traced code has no frame pointers. A call-graph option
     /// after `--` decides instead of `auto`. [default: auto]
     #[arg(long, value_name = "MODE", value_parser = parse_request)]
-    pub call_graph: Option<Request>,
+    pub call_graph: Option<CallGraph>,
 
     /// Let perf record BPF program events (its default). mt-agent passes
     /// --no-bpf-event otherwise: perf would rewrite every known BPF

@@ -8,7 +8,7 @@ pub const DEFAULT_DWARF_BYTES: u32 = 8192;
 
 /// What `--call-graph` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
+pub enum CallGraph {
     /// Decide from the code (the default).
     Auto,
     Fp,
@@ -18,11 +18,11 @@ pub enum Request {
 
 /// Parses `auto`, `fp`, `dwarf` or `dwarf,SIZE` (SIZE in bytes, a multiple
 /// of 8 up to 65528, perf's limits in `parse_callchain_record`).
-pub fn parse_request(s: &str) -> Result<Request, String> {
+pub fn parse_request(s: &str) -> Result<CallGraph, String> {
     match s {
-        "auto" => return Ok(Request::Auto),
-        "fp" => return Ok(Request::Fp),
-        "dwarf" => return Ok(Request::Dwarf(DEFAULT_DWARF_BYTES)),
+        "auto" => return Ok(CallGraph::Auto),
+        "fp" => return Ok(CallGraph::Fp),
+        "dwarf" => return Ok(CallGraph::Dwarf(DEFAULT_DWARF_BYTES)),
         _ => {}
     }
     let size = s
@@ -36,7 +36,7 @@ pub fn parse_request(s: &str) -> Result<Request, String> {
             "dwarf stack size {n}: must be a multiple of 8 between 8 and 65528 (perf's limits)"
         ));
     }
-    Ok(Request::Dwarf(n))
+    Ok(CallGraph::Dwarf(n))
 }
 
 /// A duration option, checked and kept as written.
@@ -162,10 +162,10 @@ mod tests {
 
     #[test]
     fn requests_parse() {
-        assert_eq!(parse_request("auto"), Ok(Request::Auto));
-        assert_eq!(parse_request("fp"), Ok(Request::Fp));
-        assert_eq!(parse_request("dwarf"), Ok(Request::Dwarf(8192)));
-        assert_eq!(parse_request("dwarf,16384"), Ok(Request::Dwarf(16384)));
+        assert_eq!(parse_request("auto"), Ok(CallGraph::Auto));
+        assert_eq!(parse_request("fp"), Ok(CallGraph::Fp));
+        assert_eq!(parse_request("dwarf"), Ok(CallGraph::Dwarf(8192)));
+        assert_eq!(parse_request("dwarf,16384"), Ok(CallGraph::Dwarf(16384)));
         assert!(parse_request("dwarf,100").is_err());
         assert!(parse_request("dwarf,0").is_err());
         assert!(parse_request("lbr").is_err());

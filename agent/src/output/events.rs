@@ -200,17 +200,17 @@ pub struct DisarmSummary {
 }
 
 /// Prints events.
-pub struct Reporter {
+pub struct Printer {
     json: bool,
     verbose: bool,
     out: Mutex<()>,
     /// stdout's reader went away (EPIPE): nothing more is written there.
     stdout_gone: std::sync::atomic::AtomicBool,
-    /// Wakes [`Reporter::stdout_closed`] once, at the first EPIPE.
+    /// Wakes [`Printer::stdout_closed`] once, at the first EPIPE.
     gone: tokio::sync::Notify,
 }
 
-impl Reporter {
+impl Printer {
     pub fn new(json: bool, verbose: bool) -> Self {
         Self {
             json,
@@ -222,7 +222,7 @@ impl Reporter {
     }
 
     /// Writes one line to stdout. When the reader has gone (EPIPE: `| head`),
-    /// stops writing there and wakes [`Reporter::stdout_closed`], which the
+    /// stops writing there and wakes [`Printer::stdout_closed`], which the
     /// run takes as a request to end cleanly, like SIGTERM. (Rust ignores
     /// SIGPIPE, so the write fails instead of killing the agent while perf
     /// and the probes are live.)

@@ -21,7 +21,7 @@ use linux_perf_data::{
 };
 use serde::Serialize;
 
-use crate::perf::offcpu::{Switch, SwitchKind};
+use crate::perf::offcpu::{ContextSwitch, ContextSwitchKind};
 
 /// The samples of one snapshot file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,7 +64,7 @@ pub struct FileFacts {
     /// `None`: no timed samples.
     pub span: Option<SampleSpan>,
     /// Context switches of the threads asked for, by tid, in file order.
-    pub switches: HashMap<u32, Vec<Switch>>,
+    pub context_switches: HashMap<u32, Vec<ContextSwitch>>,
 }
 
 /// Reads the sample span of a perf.data file and the context-switch records
@@ -93,12 +93,12 @@ pub fn read_facts(path: &Path, tids: &[u32]) -> anyhow::Result<FileFacts> {
                 if let (Some(tid), Some(time_ns)) = (tid, time)
                     && tids.contains(&tid)
                 {
-                    let kind = switch_kind(c);
+                    let kind = context_switch_kind(c);
                     facts
-                        .switches
+                        .context_switches
                         .entry(tid)
                         .or_default()
-                        .push(Switch { time_ns, kind });
+                        .push(ContextSwitch { time_ns, kind });
                 }
             }
             _ => {}
@@ -107,10 +107,10 @@ pub fn read_facts(path: &Path, tids: &[u32]) -> anyhow::Result<FileFacts> {
     Ok(facts)
 }
 
-fn switch_kind(c: ContextSwitchRecord) -> SwitchKind {
+fn context_switch_kind(c: ContextSwitchRecord) -> ContextSwitchKind {
     match c {
-        ContextSwitchRecord::In { .. } => SwitchKind::In,
-        ContextSwitchRecord::Out { preempted, .. } => SwitchKind::Out {
+        ContextSwitchRecord::In { .. } => ContextSwitchKind::In,
+        ContextSwitchRecord::Out { preempted, .. } => ContextSwitchKind::Out {
             preempted: preempted == TaskWasPreempted::Yes,
         },
     }

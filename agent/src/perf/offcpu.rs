@@ -12,7 +12,7 @@ use serde::Serialize;
 
 /// Direction of one context switch of a thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SwitchKind {
+pub enum ContextSwitchKind {
     /// The thread got a CPU.
     In,
     /// The thread left its CPU; `preempted` when it was still runnable.
@@ -22,9 +22,9 @@ pub enum SwitchKind {
 /// One context switch of a thread, at `time_ns` (CLOCK_MONOTONIC, ns: perf
 /// records with `-k CLOCK_MONOTONIC`, the clock of the hits' `ktime_ns`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Switch {
+pub struct ContextSwitch {
     pub time_ns: u64,
-    pub kind: SwitchKind,
+    pub kind: ContextSwitchKind,
 }
 
 /// A thread's time in a window, ns. The three add up to the window's length.
@@ -69,29 +69,29 @@ enum State {
     Blocked,
 }
 
-fn after(kind: SwitchKind) -> State {
+fn after(kind: ContextSwitchKind) -> State {
     match kind {
-        SwitchKind::In => State::OnCpu,
-        SwitchKind::Out { preempted: true } => State::Runnable,
-        SwitchKind::Out { preempted: false } => State::Blocked,
+        ContextSwitchKind::In => State::OnCpu,
+        ContextSwitchKind::Out { preempted: true } => State::Runnable,
+        ContextSwitchKind::Out { preempted: false } => State::Blocked,
     }
 }
 
 /// The thread's state at `from_ns`: set by the last switch at or before it;
 /// with none, the opposite of the first one after it (off CPU before a
 /// switch-in counts as blocked); with no switch at all, on CPU.
-fn state_at(sorted: &[Switch], from_ns: u64) -> State {
+fn state_at(sorted: &[ContextSwitch], from_ns: u64) -> State {
     if let Some(s) = sorted.iter().rev().find(|s| s.time_ns <= from_ns) {
         return after(s.kind);
     }
     match sorted.first().map(|s| s.kind) {
-        Some(SwitchKind::In) => State::Blocked,
+        Some(ContextSwitchKind::In) => State::Blocked,
         _ => State::OnCpu,
     }
 }
 
 /// The window `[from_ns, to_ns]` cut into stretches of one state each.
-fn segments(switches: &[Switch], from_ns: u64, to_ns: u64) -> Vec<(u64, u64, State)> {
+fn segments(switches: &[ContextSwitch], from_ns: u64, to_ns: u64) -> Vec<(u64, u64, State)> {
     let mut sorted = switches.to_vec();
     // perf writes each CPU's buffer in turn: one thread's records can be out
     // of order in the file.
@@ -115,7 +115,7 @@ fn segments(switches: &[Switch], from_ns: u64, to_ns: u64) -> Vec<(u64, u64, Sta
 
 /// How the thread's time in `[from_ns, to_ns]` divides. `switches` are one
 /// thread's, in any order.
-pub fn breakdown(switches: &[Switch], from_ns: u64, to_ns: u64) -> Breakdown {
+pub fn breakdown(switches: &[ContextSwitch], from_ns: u64, to_ns: u64) -> Breakdown {
     let mut b = Breakdown::default();
     for (a, z, state) in segments(switches, from_ns, to_ns) {
         let slot = match state {
@@ -130,7 +130,7 @@ pub fn breakdown(switches: &[Switch], from_ns: u64, to_ns: u64) -> Breakdown {
 
 /// The thread's stretches off CPU in `[from_ns, to_ns]`, clipped to it, in
 /// time order.
-pub fn off_intervals(switches: &[Switch], from_ns: u64, to_ns: u64) -> Vec<OffInterval> {
+pub fn off_intervals(switches: &[ContextSwitch], from_ns: u64, to_ns: u64) -> Vec<OffInterval> {
     segments(switches, from_ns, to_ns)
         .into_iter()
         .filter(|(a, z, s)| *s != State::OnCpu && z > a)
@@ -146,12 +146,12 @@ pub fn off_intervals(switches: &[Switch], from_ns: u64, to_ns: u64) -> Vec<OffIn
 mod tests {
     use super::*;
 
-    fn sw(time_ns: u64, kind: SwitchKind) -> Switch {
-        Switch { time_ns, kind }
+    fn sw(time_ns: u64, kind: ContextSwitchKind) -> ContextSwitch {
+        ContextSwitch { time_ns, kind }
     }
-    const IN: SwitchKind = SwitchKind::In;
-    const SLEEP: SwitchKind = SwitchKind::Out { preempted: false };
-    const PREEMPT: SwitchKind = SwitchKind::Out { preempted: true };
+    const IN: ContextSwitchKind = ContextSwitchKind::In;
+    const SLEEP: ContextSwitchKind = ContextSwitchKind::Out { preempted: false };
+    const PREEMPT: ContextSwitchKind = ContextSwitchKind::Out { preempted: true };
 
     #[test]
     fn a_thread_that_never_switched_was_on_cpu_throughout() {

@@ -14,7 +14,8 @@
 use std::path::Path;
 
 use crate::{
-    flags::parse::Request, perf::args::pass_through_decides, symbols::frame_pointers::count_frames,
+    flags::parse::CallGraph, perf::args::pass_through_decides,
+    symbols::frame_pointers::count_frames,
 };
 use serde::Serialize;
 
@@ -45,7 +46,7 @@ impl Unwinding {
 /// Errors (as a message for exit code 2) when `--call-graph` and a
 /// pass-through both choose.
 pub fn decide(
-    request: Option<Request>,
+    request: Option<CallGraph>,
     perf_args: &[String],
     objects: &[(String, &Path)],
 ) -> Result<Unwinding, String> {
@@ -64,9 +65,9 @@ pub fn decide(
                 reason: "chosen by the perf arguments after `--`".into(),
             });
         }
-        (Some(Request::Fp), _) => return Ok(chosen("fp")),
-        (Some(Request::Dwarf(n)), _) => return Ok(chosen(&format!("dwarf,{n}"))),
-        (Some(Request::Auto) | None, false) => {}
+        (Some(CallGraph::Fp), _) => return Ok(chosen("fp")),
+        (Some(CallGraph::Dwarf(n)), _) => return Ok(chosen(&format!("dwarf,{n}"))),
+        (Some(CallGraph::Auto) | None, false) => {}
     }
     let mut without = Vec::new();
     let mut checked = Vec::new();
@@ -120,8 +121,8 @@ mod tests {
         let u = decide(None, &s(&["--call-graph", "lbr"]), &[]).unwrap();
         assert_eq!(u.mode, "pass-through");
         assert!(u.perf_args().is_empty());
-        assert!(decide(Some(Request::Fp), &s(&["-g"]), &[]).is_err());
-        let u = decide(Some(Request::Dwarf(16384)), &[], &[]).unwrap();
+        assert!(decide(Some(CallGraph::Fp), &s(&["-g"]), &[]).is_err());
+        let u = decide(Some(CallGraph::Dwarf(16384)), &[], &[]).unwrap();
         assert_eq!(u.perf_args(), ["--call-graph", "dwarf,16384"]);
     }
 }

@@ -12,8 +12,9 @@
 pub mod btf;
 pub mod counters;
 pub mod detach;
+pub mod uprobes;
 
-use std::{io, num::NonZeroU32, path::PathBuf};
+use std::{io, num::NonZeroU32};
 
 use crate::{error::Failure, probe::counters::Counters};
 use agent_common::TriggerConfig;
@@ -26,36 +27,9 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
+use uprobes::{Program, TriggerUprobes};
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mt-agent-ebpf"));
-
-/// How the end of a `--slower-than` call is seen.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Returns {
-    /// Plain uprobes at these file offsets (each `ret` instruction).
-    RetInstructions(Vec<u64>),
-    /// A uretprobe on the function (at its entry offset).
-    Uretprobe,
-}
-
-/// Where and how one trigger is attached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttachPlan {
-    /// Trigger index: the attach cookie.
-    pub trigger: u32,
-    /// File the uprobes are placed in (the kernel resolves it to an inode).
-    pub path: PathBuf,
-    /// Only this process fires the probes; None means every process.
-    pub pid: Option<i32>,
-    /// The `--pid` trigger follows forks: its uprobes are attached
-    /// file-wide and the eBPF programs keep the calls of the processes in
-    /// `FOLLOWED` (the target and its children), see [`Probes::follow`].
-    pub follow_forks: bool,
-    /// File offset of the entry probe.
-    pub entry_offset: u64,
-    /// Return probes, for `--slower-than`.
-    pub returns: Option<Returns>,
-}
 
 /// Load-time settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,54 +156,49 @@ impl Probes {
         self.set("REARMED", trigger, now_ns)
     }
 
-    /// Attaches the entry probe (and return probes) of one trigger.
+    /// Attaches a trigger's uprobes, the entry first.
     /// Errors: exit code 3 without privileges, 4 for other kernel refusals.
-    pub fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
-        let scope = match plan.pid {
-            Some(_) if plan.follow_forks => UProbeScope::AllProcesses,
+    pub fn attach(&mut self, uprobes: &TriggerUprobes) -> Result<(), Failure> {
+        let scope = match uprobes.pid {
+            Some(_) if uprobes.follow_forks => UProbeScope::AllProcesses,
             Some(pid) => UProbeScope::OneProcess(
                 NonZeroU32::new(pid as u32).ok_or_else(|| Failure::usage("pid 0"))?,
             ),
             None => UProbeScope::AllProcesses,
         };
-        self.attach_one("mt_entry", plan, plan.entry_offset, scope)?;
-        match &plan.returns {
-            None => {}
-            Some(Returns::RetInstructions(offsets)) => {
-                for &off in offsets {
-                    self.attach_one("mt_return", plan, off, scope)?;
-                }
-            }
-            Some(Returns::Uretprobe) => {
-                self.attach_one("mt_uretprobe", plan, plan.entry_offset, scope)?;
-            }
+        for u in &uprobes.uprobes {
+            self.attach_one(u.program, uprobes, u.offset, scope)?;
         }
         Ok(())
     }
 
     fn attach_one(
         &mut self,
-        program: &'static str,
-        plan: &AttachPlan,
+        program: Program,
+        uprobes: &TriggerUprobes,
         offset: u64,
         scope: UProbeScope,
     ) -> Result<(), Failure> {
+        let name = program.name();
         let prog: &mut UProbe = self
             .ebpf
-            .program_mut(program)
+            .program_mut(name)
             .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| Failure::runtime(format!("program {program} missing")))?;
+            .ok_or_else(|| Failure::runtime(format!("program {name} missing")))?;
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
-            cookie: Some(u64::from(plan.trigger)),
+            cookie: Some(u64::from(uprobes.trigger)),
         };
-        let link = prog.attach(point, &plan.path, scope).map_err(|e| {
+        let link = prog.attach(point, &uprobes.path, scope).map_err(|e| {
             classify(
                 &e,
-                &format!("attaching a uprobe to {}+{offset:#x}", plan.path.display()),
+                &format!(
+                    "attaching a uprobe to {}+{offset:#x}",
+                    uprobes.path.display()
+                ),
             )
         })?;
-        self.links.push((program, plan.trigger, link));
+        self.links.push((name, uprobes.trigger, link));
         Ok(())
     }
 
@@ -353,10 +322,10 @@ impl Probes {
     }
 
     /// A new fd of a loaded uprobe program, for attaching it elsewhere
-    /// (`armer`).
-    pub fn program_fd(&self, program: &str) -> Option<std::os::fd::OwnedFd> {
+    /// (the arming thread: [`uprobes::ProgramFds`]).
+    pub fn program_fd(&self, program: Program) -> Option<std::os::fd::OwnedFd> {
         use std::os::fd::AsFd;
-        let prog: &UProbe = self.ebpf.program(program)?.try_into().ok()?;
+        let prog: &UProbe = self.ebpf.program(program.name())?.try_into().ok()?;
         prog.fd().ok()?.as_fd().try_clone_to_owned().ok()
     }
 

@@ -43,7 +43,7 @@ use crate::output::{
 use crate::{
     error::{ExitCode, Failure},
     flags::defs::ReportArgs,
-    output::events::Reporter,
+    output::events::Printer,
 };
 use model::{FileReport, HitReport};
 
@@ -100,7 +100,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
 /// `--report` on a capture run: writes the report of `out` when the run
 /// ends and says where (`report: PATH`, or a `report` JSON event); a
 /// failure is a warning and does not change the run's exit code.
-pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: bool) {
+pub fn after_run(out: &Path, perf: Option<&Path>, printer: &Printer, json: bool) {
     let written = crate::perf::binary::find_perf(perf).and_then(|perf| {
         let page = build(out, &perf, DEFAULT_WINDOW_NS)?;
         let path = write_all(&page)?;
@@ -119,15 +119,15 @@ pub fn after_run(out: &Path, perf: Option<&Path>, reporter: &Reporter, json: boo
         Ok(path) => {
             let _ = writeln!(std::io::stdout(), "report: {}", path.display());
         }
-        Err(f) => reporter.warning(&format!("no report: {}", f.message)),
+        Err(f) => printer.warning(&format!("no report: {}", f.message)),
     }
 }
 
 /// Records the run's triggers in `out/run.json` for the report (see
 /// [`run_file`]); a failure is a warning.
-pub fn record_triggers(out: &Path, armed: &[crate::output::events::Armed], reporter: &Reporter) {
+pub fn record_triggers(out: &Path, armed: &[crate::output::events::Armed], printer: &Printer) {
     if let Err(e) = run_file::write(out, armed) {
-        reporter.warning(&format!(
+        printer.warning(&format!(
             "cannot write {}: {e}",
             out.join(run_file::RUN_FILE).display()
         ));

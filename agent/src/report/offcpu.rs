@@ -15,10 +15,10 @@ use serde::Serialize;
 
 use super::{
     moments::Folded,
-    samples::{Samples, SwitchRecord, SwitchSample},
+    samples::{ContextSwitchLine, Samples, SchedSwitchSample},
 };
 use crate::output::runs::Hit;
-use crate::perf::offcpu::{OffInterval, Switch, SwitchKind, off_intervals};
+use crate::perf::offcpu::{ContextSwitch, ContextSwitchKind, OffInterval, off_intervals};
 
 /// The frame of a blocked interval whose stack is not in the snapshot (no
 /// `sched:sched_switch` sample between the thread's switch-in and it).
@@ -83,9 +83,9 @@ pub fn from_index(hit: &Hit, moment_file: &std::path::Path) -> Option<OffCpu> {
 
 /// Fills in the blocked stacks of thread `tid` from a snapshot.
 pub fn add_stacks(o: &mut OffCpu, s: &Samples, tid: u32) {
-    let switches = thread_switches(&s.switches, tid);
-    let mut taken: Vec<&SwitchSample> = s
-        .switch_samples
+    let switches = thread_context_switches(&s.context_switches, tid);
+    let mut taken: Vec<&SchedSwitchSample> = s
+        .sched_switch_samples
         .iter()
         .filter(|x| x.sample.tid == tid)
         .collect();
@@ -109,18 +109,18 @@ pub fn add_stacks(o: &mut OffCpu, s: &Samples, tid: u32) {
 }
 
 /// One thread's switch records in time order, in the core's terms.
-fn thread_switches(records: &[SwitchRecord], tid: u32) -> Vec<Switch> {
-    let mut v: Vec<Switch> = records
+fn thread_context_switches(records: &[ContextSwitchLine], tid: u32) -> Vec<ContextSwitch> {
+    let mut v: Vec<ContextSwitch> = records
         .iter()
         .filter(|r| r.tid == tid)
-        .map(|r| Switch {
+        .map(|r| ContextSwitch {
             time_ns: r.time_ns,
             kind: if r.out {
-                SwitchKind::Out {
+                ContextSwitchKind::Out {
                     preempted: r.preempt,
                 }
             } else {
-                SwitchKind::In
+                ContextSwitchKind::In
             },
         })
         .collect();
@@ -132,17 +132,17 @@ fn thread_switches(records: &[SwitchRecord], tid: u32) -> Vec<Switch> {
 /// if it was taken after the thread's last switch-in before `at_ns` (an
 /// older one belongs to an earlier switch-out: this one's sample was lost).
 fn stack_at<'a>(
-    taken: &[&'a SwitchSample],
-    switches: &[Switch],
+    taken: &[&'a SchedSwitchSample],
+    switches: &[ContextSwitch],
     at_ns: u64,
-) -> Option<&'a SwitchSample> {
+) -> Option<&'a SchedSwitchSample> {
     let i = taken.partition_point(|x| x.sample.time_ns <= at_ns);
     let x = *taken.get(i.checked_sub(1)?)?;
     let j = switches.partition_point(|w| w.time_ns <= at_ns);
     let last_in = switches[..j]
         .iter()
         .rev()
-        .find(|w| w.kind == SwitchKind::In)
+        .find(|w| w.kind == ContextSwitchKind::In)
         .map(|w| w.time_ns);
     match last_in {
         Some(t) if x.sample.time_ns < t => None,

@@ -39,14 +39,14 @@ pub struct Sample {
 /// before it leaves the CPU, with its call chain (kernel frames, then user
 /// frames) and the thread's state (`prev_state`: `S`, `D`, `R`, `R+`...).
 #[derive(Debug, Clone)]
-pub struct SwitchSample {
+pub struct SchedSwitchSample {
     pub sample: Sample,
     pub prev_state: String,
 }
 
 /// A `PERF_RECORD_SWITCH` record of a thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SwitchRecord {
+pub struct ContextSwitchLine {
     pub tid: u32,
     /// CLOCK_MONOTONIC, ns.
     pub time_ns: u64,
@@ -62,9 +62,9 @@ pub struct Samples {
     /// The sampling event's samples (the CPU flame graphs' input).
     pub samples: Vec<Sample>,
     /// `sched:sched_switch` samples, in file order.
-    pub switch_samples: Vec<SwitchSample>,
+    pub sched_switch_samples: Vec<SchedSwitchSample>,
     /// `PERF_RECORD_SWITCH` records, in file order.
-    pub switches: Vec<SwitchRecord>,
+    pub context_switches: Vec<ContextSwitchLine>,
     /// Frame ids of every call chain, leaf first, back to back.
     frames: Vec<u32>,
     names: Vec<String>,
@@ -98,7 +98,7 @@ impl Samples {
     fn finish(&mut self, open: Option<Open>) {
         match open {
             Some(Open::Cpu(s)) => self.samples.push(s),
-            Some(Open::Switch(s)) => self.switch_samples.push(s),
+            Some(Open::Switch(s)) => self.sched_switch_samples.push(s),
             None => {}
         }
     }
@@ -107,7 +107,7 @@ impl Samples {
 /// A sample whose frames are being read.
 enum Open {
     Cpu(Sample),
-    Switch(SwitchSample),
+    Switch(SchedSwitchSample),
 }
 
 impl Open {
@@ -239,8 +239,8 @@ fn start_line(out: &mut Samples, text: &str) -> Option<Open> {
     let (tid, time_ns, rest) = header(text)?;
     if rest.starts_with("PERF_RECORD_") {
         // A side-band record, not a sample: only switches are kept.
-        if let Some((out_, preempt)) = switch_record(rest) {
-            out.switches.push(SwitchRecord {
+        if let Some((out_, preempt)) = context_switch_record(rest) {
+            out.context_switches.push(ContextSwitchLine {
                 tid,
                 time_ns,
                 out: out_,
@@ -257,7 +257,7 @@ fn start_line(out: &mut Samples, text: &str) -> Option<Open> {
     };
     let (event, trace) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
     if event.strip_suffix(':') == Some(SCHED_SWITCH) {
-        return Some(Open::Switch(SwitchSample {
+        return Some(Open::Switch(SchedSwitchSample {
             sample,
             prev_state: prev_state(trace).unwrap_or("?").to_string(),
         }));
@@ -268,7 +268,7 @@ fn start_line(out: &mut Samples, text: &str) -> Option<Open> {
 /// `PERF_RECORD_SWITCH OUT preempt` → (out, preempt); `IN` → (false,
 /// false). perf prints `PERF_RECORD_SWITCH_CPU_WIDE` for system-wide runs,
 /// with the other task's ids after it.
-fn switch_record(rest: &str) -> Option<(bool, bool)> {
+fn context_switch_record(rest: &str) -> Option<(bool, bool)> {
     let mut it = rest.split_whitespace();
     let kind = it.next()?;
     if kind != "PERF_RECORD_SWITCH" && kind != "PERF_RECORD_SWITCH_CPU_WIDE" {
@@ -372,10 +372,10 @@ mod tests {
         assert_eq!(s.samples.len(), 6);
         let names = |x: &Sample| -> Vec<&str> { s.stack(x).iter().map(|&i| s.name(i)).collect() };
         assert!(s.samples.iter().all(|x| names(x)[0] == "compute_part"));
-        assert_eq!(s.switch_samples.len(), 5);
-        let first = &s.switch_samples[0];
+        assert_eq!(s.sched_switch_samples.len(), 5);
+        let first = &s.sched_switch_samples[0];
         assert_eq!((first.sample.tid, first.prev_state.as_str()), (30139, "R"));
-        let blocked = &s.switch_samples[1];
+        let blocked = &s.sched_switch_samples[1];
         assert_eq!(blocked.sample.time_ns, 13_735_891_410_053);
         assert_eq!(blocked.prev_state, "S");
         let chain = names(&blocked.sample);
@@ -388,23 +388,23 @@ mod tests {
             "__libc_start_main_impl",
             "_start"
         ]));
-        assert_eq!(s.switches.len(), 10);
+        assert_eq!(s.context_switches.len(), 10);
         assert_eq!(
-            s.switches[..3],
+            s.context_switches[..3],
             [
-                SwitchRecord {
+                ContextSwitchLine {
                     tid: 30139,
                     time_ns: 13_735_890_726_969,
                     out: true,
                     preempt: true
                 },
-                SwitchRecord {
+                ContextSwitchLine {
                     tid: 30139,
                     time_ns: 13_735_890_800_448,
                     out: false,
                     preempt: false
                 },
-                SwitchRecord {
+                ContextSwitchLine {
                     tid: 30139,
                     time_ns: 13_735_891_421_650,
                     out: true,
@@ -421,13 +421,13 @@ mod tests {
                     9 3: PERF_RECORD_SWITCH SIDEWAYS\n\
                     9 4.0: sched:sched_switch: no state here\n\n";
         let s = parse(text.as_bytes()).unwrap();
-        assert_eq!(s.switch_samples.len(), 2);
-        assert_eq!(s.switch_samples[0].prev_state, "D");
-        assert_eq!(s.switch_samples[1].prev_state, "?");
+        assert_eq!(s.sched_switch_samples.len(), 2);
+        assert_eq!(s.sched_switch_samples[0].prev_state, "D");
+        assert_eq!(s.sched_switch_samples[1].prev_state, "?");
         assert!(s.samples.is_empty());
         assert_eq!(
-            s.switches,
-            [SwitchRecord {
+            s.context_switches,
+            [ContextSwitchLine {
                 tid: 9,
                 time_ns: 2_500_000_000,
                 out: true,

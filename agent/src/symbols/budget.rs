@@ -72,11 +72,11 @@ thread_local! {
 }
 
 /// Disarms the budget when dropped.
-pub struct Armed {
+pub struct TimeBudget {
     outer: bool,
 }
 
-impl Drop for Armed {
+impl Drop for TimeBudget {
     fn drop(&mut self) {
         if self.outer {
             STATE.with(|s| *s.borrow_mut() = State::default());
@@ -86,23 +86,23 @@ impl Drop for Armed {
 
 /// Arms the time budget for this thread (a nested call keeps the outer
 /// deadline) and clears what the last resolution recorded.
-pub fn start() -> Armed {
+pub fn start() -> TimeBudget {
     start_with(time())
 }
 
 /// [`start`] with an explicit budget (tests).
-pub fn start_with(budget: Duration) -> Armed {
+pub fn start_with(budget: Duration) -> TimeBudget {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.deadline.is_some() {
-            return Armed { outer: false };
+            return TimeBudget { outer: false };
         }
         *s = State {
             deadline: Some(Instant::now() + budget),
             budget,
             ..State::default()
         };
-        Armed { outer: true }
+        TimeBudget { outer: true }
     })
 }
 

@@ -45,17 +45,16 @@ use crate::{
         recorder::{Feedback, Recorder, RecorderFd, Shared},
         snapshot::Policy,
     },
+    disarm::control::{Disarming, Notice},
     error::Failure,
     output::{
-        events::{Armed, Reporter},
+        events::{Armed, Printer},
         index::IndexedHit,
     },
     perf::record::PerfSpec,
-    probe::{AttachPlan, Probes, counters::Counters, detach},
+    probe::{Probes, counters::Counters, detach, uprobes::TriggerUprobes},
     sys::{caps, clock::Now, proc},
 };
-
-mod disarming;
 
 /// How many generations up a forked process's recorded ancestor is looked
 /// for (a pre-fork server's workers are its children or grandchildren).
@@ -77,7 +76,7 @@ pub struct TriggerSetup {
     pub index: u32,
     pub watch: Watch,
     /// Attach point; for `--pid`, scoped to the process.
-    pub plan: AttachPlan,
+    pub uprobes: TriggerUprobes,
     pub policy: Policy,
     /// Output: the recorder's directory for `--pid`, the parent of the
     /// per-process directories for `--exe`.
@@ -118,7 +117,7 @@ pub struct Setup {
     pub perf: PerfSpec,
     pub max_targets: usize,
     pub agent_started: Instant,
-    pub reporter: Arc<Reporter>,
+    pub printer: Arc<Printer>,
     /// A `--pid` run (one trigger, one recorder): that recorder's end and
     /// failure are the run's.
     pub single_pid_run: bool,
@@ -253,7 +252,10 @@ struct Driver {
     finished: Vec<RecorderOutcome>,
     unrecorded: u64,
     extra: u64,
-    arming: disarming::Arming,
+    disarming: Disarming,
+    /// Triggers whose event uprobes the arming thread is making: the
+    /// recorder's slot, its target and how long its perf took to be ready.
+    pending_set_up: HashMap<u32, (usize, i32, Duration)>,
 }
 
 impl Driver {
@@ -266,17 +268,17 @@ impl Driver {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(wake.as_fd(), Token::Wake.event())?;
         if let Some(prio) = setup.rt_priority {
-            set_fifo(prio, &setup.reporter);
+            set_fifo(prio, &setup.printer);
         }
         // perf inherits these across execve when we run with capabilities.
         caps::raise_ambient();
-        let mut arming = disarming::Arming::new(
+        let mut disarming = Disarming::new(
             setup
                 .triggers
                 .iter()
-                .filter_map(|t| Some((t.index, t.disarm?))),
+                .filter_map(|t| Some((t.uprobes.clone(), t.disarm?))),
         );
-        arming.start(&wake, &setup.reporter);
+        disarming.start(&wake, &setup.printer);
         Ok(Self {
             setup,
             events,
@@ -300,7 +302,8 @@ impl Driver {
             finished: Vec::new(),
             unrecorded: 0,
             extra: 0,
-            arming,
+            disarming,
+            pending_set_up: HashMap::new(),
         })
     }
 
@@ -353,7 +356,7 @@ impl Driver {
                             self.fatal(f);
                         } else {
                             self.setup
-                                .reporter
+                                .printer
                                 .warning(&format!("pid {pid}: {}", f.message));
                         }
                     }
@@ -375,8 +378,8 @@ impl Driver {
     fn arm_exe_triggers(&mut self) {
         for i in 0..self.setup.triggers.len() {
             if matches!(self.setup.triggers[i].watch, Watch::Exe { .. }) {
-                let plan = self.setup.triggers[i].plan.clone();
-                if let Err(f) = self.attach(&plan) {
+                let uprobes = self.setup.triggers[i].uprobes.clone();
+                if let Err(f) = self.attach(&uprobes) {
                     self.fatal(f);
                     return;
                 }
@@ -409,7 +412,7 @@ impl Driver {
         {
             let mut a = t.armed.clone();
             a.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
-            self.setup.reporter.armed(&a);
+            self.setup.printer.armed(&a);
         }
         // Processes that run the executables already: one scan of /proc.
         for pid in all_pids() {
@@ -456,9 +459,9 @@ impl Driver {
         true
     }
 
-    fn attach(&mut self, plan: &AttachPlan) -> Result<(), Failure> {
+    fn attach(&mut self, uprobes: &TriggerUprobes) -> Result<(), Failure> {
         match self.probes.as_mut() {
-            Some(p) => p.attach(plan),
+            Some(p) => p.attach(uprobes),
             None => Err(Failure::runtime("the eBPF programs are not loaded")),
         }
     }
@@ -466,7 +469,7 @@ impl Driver {
     fn detach_trigger(&mut self, trigger: u32) {
         let links = self.take_for_detach(&[trigger]);
         self.drop_links(links);
-        self.arming.forget(trigger);
+        self.disarming.forget(trigger);
     }
 
     fn detach_all(&mut self) {
@@ -477,7 +480,7 @@ impl Driver {
         }
         self.drop_links(links);
         for t in triggers {
-            self.arming.forget(t);
+            self.disarming.forget(t);
         }
     }
 
@@ -502,7 +505,7 @@ impl Driver {
             return;
         }
         if let Some(w) = detach::drop_and_wait(links) {
-            self.setup.reporter.warning(&w);
+            self.setup.printer.warning(&w);
         }
     }
 
@@ -530,10 +533,10 @@ impl Driver {
             &spec,
             policy,
             Shared {
-                reporter: self.setup.reporter.clone(),
+                printer: self.setup.printer.clone(),
                 counters: self.counters.clone(),
                 keeper: self.setup.keeper.clone(),
-                disarm: self.arming.board.clone(),
+                disarm: self.disarming.board(),
             },
         )?;
         let slot = self
@@ -573,7 +576,7 @@ impl Driver {
             // A process forked from the target (the eBPF program keeps only
             // those, see `CFG_FOLLOW_FORKS`): the target's perf records it.
             let slot = *self.by_target.get(&(trigger, target))?;
-            return (self.trigger(trigger).plan.follow_forks
+            return (self.trigger(trigger).uprobes.follow_forks
                 && self.slots[slot].as_ref().is_some_and(Recorder::ready))
             .then_some(slot);
         }
@@ -619,7 +622,7 @@ impl Driver {
             if self.by_target.len() >= self.setup.max_targets {
                 self.extra += 1;
                 self.done.insert((trigger, pid));
-                self.setup.reporter.warning(&format!(
+                self.setup.printer.warning(&format!(
                     "pid {pid} runs the traced executable, but all --max-targets {} recorders \
                      are busy; it is not recorded",
                     self.setup.max_targets
@@ -628,7 +631,7 @@ impl Driver {
             }
             if let Err(f) = self.start_recorder(trigger, pid, out.join(pid.to_string())) {
                 self.setup
-                    .reporter
+                    .printer
                     .warning(&format!("pid {pid}: {}", f.message));
             }
         }
@@ -660,7 +663,7 @@ impl Driver {
         {
             next = next.min(armed + delay);
         }
-        if let Some(at) = self.arming.next_rearm() {
+        if let Some(at) = self.disarming.next_rearm() {
             next = next.min(now.at + Duration::from_nanos(at.saturating_sub(now.ns)));
         }
         let wait = next.saturating_duration_since(now.at);
@@ -758,11 +761,18 @@ impl Driver {
         let t = self.trigger(trigger);
         if !matches!(t.watch, Watch::Pid(_)) {
             self.setup
-                .reporter
+                .printer
                 .target(pid, trigger, "started", &dir, None);
             return;
         }
-        if !self.set_up_switch(slot, pid, ready_after) {
+        let set_up = self
+            .probes
+            .as_ref()
+            .is_some_and(|p| self.disarming.set_up(trigger, p));
+        if set_up {
+            self.pending_set_up
+                .insert(trigger, (slot, pid, ready_after));
+        } else {
             self.attach_and_report(slot, ready_after);
         }
     }
@@ -773,9 +783,9 @@ impl Driver {
             return;
         };
         let (trigger, pid) = (r.trigger, r.tgid);
-        let plan = self.trigger(trigger).plan.clone();
+        let uprobes = self.trigger(trigger).uprobes.clone();
         let attached = self
-            .attach(&plan)
+            .attach(&uprobes)
             .map(|()| self.probes.as_ref().map_or(0, |p| p.attached_for(trigger)));
         match attached {
             Ok(n) => self.report_armed(slot, ready_after, n),
@@ -806,7 +816,7 @@ impl Driver {
         armed.uprobes = uprobes;
         armed.perf_ready_ms = ms(ready_after);
         armed.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
-        self.setup.reporter.armed(&armed);
+        self.setup.printer.armed(&armed);
         self.armed_now(Some(pid));
     }
 
@@ -884,9 +894,10 @@ impl Driver {
             // perf has its signal: now the probes may go, before the hit's
             // line is written (a reader that the write wakes could take this
             // CPU, with the probes still in: docs/disarming.md).
-            self.disarm_after_hit(hit.trigger, hit.ktime_ns);
+            self.disarming
+                .after_hit(hit.trigger, hit.ktime_ns, self.probes.as_mut());
             if delivered {
-                self.setup.reporter.hit(&ih);
+                self.setup.printer.hit(&ih);
             }
         }
     }
@@ -975,12 +986,12 @@ impl Driver {
                     }
                 } else {
                     self.setup
-                        .reporter
+                        .printer
                         .warning(&format!("pid {pid}: {}", f.message));
                 }
             }
             if !is_pid {
-                self.setup.reporter.target(
+                self.setup.printer.target(
                     pid,
                     trigger,
                     "finished",
@@ -1023,10 +1034,91 @@ impl Driver {
         }
     }
 
+    /// Takes the arming thread's answers, then asks for the attach of the
+    /// disarmed triggers whose cooldown is about to end.
+    fn rearm_due(&mut self) {
+        let notices = self
+            .disarming
+            .answers(self.probes.as_mut(), &self.setup.printer);
+        for n in notices {
+            match n {
+                Notice::SetUp { trigger, result } => self.set_up_answer(trigger, result),
+                Notice::RearmFailed { trigger, message } => self.rearm_failed(trigger, message),
+            }
+        }
+        let (triggers, by_target, slots) = (&self.setup.triggers, &self.by_target, &self.slots);
+        let recording = |trigger: u32| {
+            let watch = triggers
+                .iter()
+                .find(|t| t.index == trigger)
+                .map(|t| &t.watch);
+            let Some(Watch::Pid(pid)) = watch else {
+                return false;
+            };
+            by_target
+                .get(&(trigger, *pid))
+                .and_then(|s| slots[*s].as_ref())
+                .is_some_and(Recorder::recording)
+        };
+        self.disarming
+            .rearm_due(self.probes.as_mut(), &self.setup.printer, recording);
+    }
+
+    /// The arming thread made (or failed to make) a trigger's event
+    /// uprobes: report it armed, or attach with aya.
+    fn set_up_answer(&mut self, trigger: u32, result: Result<usize, String>) {
+        let Some((slot, pid, ready_after)) = self.pending_set_up.remove(&trigger) else {
+            return;
+        };
+        let live = self.stopping.is_none()
+            && !self.disarming.is_gone(trigger)
+            && self.slots[slot]
+                .as_ref()
+                .is_some_and(|r| r.trigger == trigger && r.tgid == pid && r.recording());
+        match result {
+            // The first arm follows the keepers' registration, which leaves
+            // the kernel's grace period just passed: faster than a re-arm,
+            // so it does not count among the attach times.
+            Ok(n) if live => {
+                self.disarming.set_up_done(trigger);
+                self.report_armed(slot, ready_after, n);
+            }
+            // The recording ended meanwhile: the thread drops them.
+            Ok(_) => self.disarming.drop_set_up(trigger),
+            Err(e) => {
+                self.disarming.no_events(&self.setup.printer, &e);
+                if live {
+                    self.attach_and_report(slot, ready_after);
+                }
+            }
+        }
+    }
+
+    /// A trigger's uprobes could not be put back: its recorder fails, or
+    /// ends normally if the target exited while disarmed.
+    fn rearm_failed(&mut self, trigger: u32, message: String) {
+        let Watch::Pid(pid) = self.trigger(trigger).watch else {
+            return;
+        };
+        let now = Now::read();
+        if let Some(r) = self
+            .by_target
+            .get(&(trigger, pid))
+            .copied()
+            .and_then(|s| self.slots[s].as_mut())
+        {
+            if proc::is_alive(pid) {
+                r.fail(Failure::runtime(message), now);
+            } else {
+                r.stop(EndReason::TargetExited, now);
+            }
+        }
+    }
+
     fn outcome(&mut self) -> Outcome {
         self.detach_all();
-        for w in self.arming.finish() {
-            self.setup.reporter.warning(&w);
+        for w in self.disarming.finish() {
+            self.setup.printer.warning(&w);
         }
         self.settle_counters();
         let mut counters = crate::output::counters::CounterValues::default();
@@ -1070,7 +1162,7 @@ impl Driver {
                 .collect(),
             unrecorded_hits: self.unrecorded,
             extra_processes: self.extra,
-            disarm: self.arming.summary(crate::sys::clock::monotonic_ns()),
+            disarm: self.disarming.summary(crate::sys::clock::monotonic_ns()),
         }
     }
 }
@@ -1090,9 +1182,9 @@ fn ms(d: Duration) -> f64 {
 
 /// Puts the reader under SCHED_FIFO at `prio` (perf, spawned from this
 /// thread, starts at normal priority: [`crate::sys::sched::set_fifo`]).
-fn set_fifo(prio: i32, reporter: &Reporter) {
+fn set_fifo(prio: i32, printer: &Printer) {
     if let Err(e) = crate::sys::sched::set_fifo(prio) {
-        reporter.warning(&format!(
+        printer.warning(&format!(
             "--rt-priority {prio}: sched_setscheduler failed ({e}); the reader runs at normal priority"
         ));
     }
