@@ -47,7 +47,7 @@ pub const DIR: &str = ".debug";
 
 /// What a run's cache holds, for the log and the summary.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
+pub struct CacheStats {
     /// Objects copied (one per build-id).
     pub objects: u64,
     /// Their total size, bytes.
@@ -72,7 +72,7 @@ enum Msg {
 
 struct Cache {
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
-    thread: Mutex<Option<JoinHandle<Stats>>>,
+    thread: Mutex<Option<JoinHandle<CacheStats>>>,
 }
 
 static CACHE: OnceLock<Cache> = OnceLock::new();
@@ -136,7 +136,7 @@ fn send(msg: Msg) {
 
 /// Waits for the scans asked so far and returns what the cache holds. With
 /// `keep: false` (the run wrote no snapshot), removes the cache.
-pub fn finish(keep: bool) -> Option<Stats> {
+pub fn finish(keep: bool) -> Option<CacheStats> {
     let c = CACHE.get()?;
     drop(c.tx.lock().ok()?.take());
     let stats = c.thread.lock().ok()?.take()?.join().ok()?;
@@ -158,7 +158,7 @@ struct Worker {
     kept: HashSet<String>,
     /// Mapped files found replaced on disk, warned about: (path, inode).
     replaced: HashSet<(PathBuf, u64)>,
-    stats: Stats,
+    stats: CacheStats,
     printer: Option<Arc<Printer>>,
     /// Opened, not yet copied: (path, file).
     held: Vec<(PathBuf, File)>,
@@ -171,7 +171,7 @@ impl Worker {
             seen: HashSet::new(),
             kept: HashSet::new(),
             replaced: HashSet::new(),
-            stats: Stats::default(),
+            stats: CacheStats::default(),
             printer: None,
             held: Vec::new(),
         }

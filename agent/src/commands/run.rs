@@ -26,7 +26,7 @@ use crate::{
         build_id_cache,
         disk_budget::Keeper,
         driver,
-        driver::{Command, Event, Handle, Setup, TriggerSetup, Watch},
+        driver::{Handle, Progress, Request, Setup, TriggerSetup, Watch},
         outcome::{EndReason, Outcome},
         snapshot::Policy,
         target,
@@ -69,10 +69,10 @@ pub async fn run(
     // clean end from here on.
     let signals = Signals::install()?;
     let armed_events: Vec<Armed> = prepared.triggers.iter().map(|t| t.armed.clone()).collect();
-    let (events_tx, events) = unbounded_channel();
+    let (progress_tx, progress) = unbounded_channel();
     let (handle, _run_dir_guard) =
-        start_driver(&plan, &args, prepared, &printer, started, events_tx)?;
-    let (outcome, armed) = wait(&handle, events, signals, args.duration, &printer).await?;
+        start_driver(&plan, &args, prepared, &printer, started, progress_tx)?;
+    let (outcome, armed) = wait(&handle, progress, signals, args.duration, &printer).await?;
     handle.join();
     let wrote = outcome.stats.hit_snapshots + outcome.stats.tail_snapshots > 0;
     if let Some(kept) = build_id_cache::finish(wrote) {
@@ -166,7 +166,7 @@ fn start_driver(
     p: Prepared,
     printer: &Arc<Printer>,
     started: Instant,
-    events_tx: tokio::sync::mpsc::UnboundedSender<Event>,
+    progress_tx: tokio::sync::mpsc::UnboundedSender<Progress>,
 ) -> anyhow::Result<(Handle, OutputDir)> {
     let perf = PerfSpec {
         perf: p.perf_path,
@@ -200,7 +200,7 @@ fn start_driver(
             rt_priority: args.rt_priority,
             reader_delay: args.debug_reader_delay,
         },
-        events_tx,
+        progress_tx,
     )?;
     Ok((handle, p.run_dir))
 }
@@ -471,7 +471,7 @@ impl Signals {
 /// was armed.
 async fn wait(
     handle: &Handle,
-    mut events: UnboundedReceiver<Event>,
+    mut progress: UnboundedReceiver<Progress>,
     mut signals: Signals,
     duration: Option<Duration>,
     printer: &Printer,
@@ -480,24 +480,24 @@ async fn wait(
     let mut armed = false;
     loop {
         tokio::select! {
-            ev = events.recv() => match ev {
-                Some(Event::Armed) => {
+            ev = progress.recv() => match ev {
+                Some(Progress::Armed) => {
                     armed = true;
                     if let Some(d) = duration && deadline.is_none() {
                         deadline = Some(tokio::time::Instant::now() + d);
                     }
                 }
-                Some(Event::Finished(o)) => return Ok((*o, armed)),
+                Some(Progress::Finished(o)) => return Ok((*o, armed)),
                 None => anyhow::bail!("the driver thread ended without an outcome"),
             },
-            _ = signals.int.recv() => handle.send(Command::Stop(EndReason::Signal("SIGINT"))),
-            _ = signals.term.recv() => handle.send(Command::Stop(EndReason::Signal("SIGTERM"))),
-            _ = signals.hup.recv() => handle.send(Command::Stop(EndReason::Signal("SIGHUP"))),
+            _ = signals.int.recv() => handle.send(Request::Stop(EndReason::Signal("SIGINT"))),
+            _ = signals.term.recv() => handle.send(Request::Stop(EndReason::Signal("SIGTERM"))),
+            _ = signals.hup.recv() => handle.send(Request::Stop(EndReason::Signal("SIGHUP"))),
             // stdout's reader went away (`| head`): a clean end, as for SIGTERM.
-            _ = printer.stdout_closed() => handle.send(Command::Stop(EndReason::Signal("SIGPIPE"))),
+            _ = printer.stdout_closed() => handle.send(Request::Stop(EndReason::Signal("SIGPIPE"))),
             _ = sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                 deadline = None;
-                handle.send(Command::Stop(EndReason::Duration));
+                handle.send(Request::Stop(EndReason::Duration));
             }
         }
     }
@@ -581,7 +581,7 @@ fn decide_unwinding<'a>(
 }
 
 /// The -v line on what `OUT/.debug` keeps.
-fn log_symcache(printer: &Printer, kept: &build_id_cache::Stats) {
+fn log_symcache(printer: &Printer, kept: &build_id_cache::CacheStats) {
     printer.verbose(&format!(
         "{} object(s), {} bytes, kept by build-id in {}",
         kept.objects,

@@ -21,8 +21,8 @@ use crate::{
     disarm::{
         arming_thread::{ArmingThread, Done},
         cycle::{
-            Action, Board, DisarmCycle, EVENTS_PRIOR_DETACH_NS, PRIOR_DETACH_NS, RECENT, lead_ns,
-            quantile, round_trip_ns, warm_lead_ns,
+            Board, DisarmAction, DisarmCycle, EVENTS_PRIOR_DETACH_NS, PRIOR_DETACH_NS, RECENT,
+            lead_ns, quantile, round_trip_ns, warm_lead_ns,
         },
         tracefs_events::{self, UprobeEvents},
         tracefs_reaper::{self, TracefsReaper},
@@ -285,7 +285,7 @@ impl Disarming {
             return;
         };
         t.cycle.set_min_gap(gap.max(MIN_GAP_NS));
-        if t.cycle.on_hit(ktime_ns, now) == Action::Detach {
+        if t.cycle.on_hit(ktime_ns, now) == DisarmAction::Detach {
             self.publish(trigger);
             self.send_detach(trigger, probes);
         }
@@ -446,7 +446,7 @@ impl Disarming {
                 printer.rearmed(trigger, late);
                 Attached {
                     notice: None,
-                    again: again == Action::Detach,
+                    again: again == DisarmAction::Detach,
                 }
             }
             Err(message) => {

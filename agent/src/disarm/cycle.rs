@@ -20,7 +20,7 @@ pub type Board = std::sync::Mutex<std::collections::HashMap<u32, DisarmCounters>
 
 /// What the driver must do after telling the machine about an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub enum DisarmAction {
     /// Nothing.
     Keep,
     /// Detach the trigger's uprobes now.
@@ -90,7 +90,7 @@ impl DisarmCycle {
     }
 
     /// An accepted hit at `ktime_ns` was handled (perf signalled) at `now_ns`.
-    pub fn on_hit(&mut self, ktime_ns: u64, now_ns: u64) -> Action {
+    pub fn on_hit(&mut self, ktime_ns: u64, now_ns: u64) -> DisarmAction {
         let end = ktime_ns.saturating_add(self.cooldown_ns);
         match &mut self.state {
             State::Armed => {
@@ -98,26 +98,26 @@ impl DisarmCycle {
                     if end > now_ns {
                         self.stats.kept_armed += 1;
                     }
-                    return Action::Keep;
+                    return DisarmAction::Keep;
                 }
                 self.state = State::Disarmed {
                     since: now_ns,
                     until: end,
                 };
                 self.stats.cycles += 1;
-                Action::Detach
+                DisarmAction::Detach
             }
             // A hit read after the detach (it was in the ring buffer):
             // the latest cooldown counts.
             State::Disarmed { until, .. } => {
                 *until = (*until).max(end);
-                Action::Keep
+                DisarmAction::Keep
             }
             State::Rearming { until, next, .. } => {
                 if end > *until {
                     *next = Some(next.unwrap_or(0).max(end));
                 }
-                Action::Keep
+                DisarmAction::Keep
             }
         }
     }
@@ -148,11 +148,11 @@ impl DisarmCycle {
         }
     }
 
-    /// The attach returned at `now_ns`. Returns [`Action::Detach`] when a
+    /// The attach returned at `now_ns`. Returns [`DisarmAction::Detach`] when a
     /// hit read meanwhile started a cooldown long enough to disarm again.
-    pub fn rearmed(&mut self, now_ns: u64) -> Action {
+    pub fn rearmed(&mut self, now_ns: u64) -> DisarmAction {
         let State::Rearming { since, until, next } = self.state else {
-            return Action::Keep;
+            return DisarmAction::Keep;
         };
         self.stats.disarmed_ns += now_ns.saturating_sub(since);
         self.stats.rearm_late_ns.push(now_ns.saturating_sub(until));
@@ -165,9 +165,9 @@ impl DisarmCycle {
                     until: end,
                 };
                 self.stats.cycles += 1;
-                Action::Detach
+                DisarmAction::Detach
             }
-            _ => Action::Keep,
+            _ => DisarmAction::Keep,
         }
     }
 
@@ -282,7 +282,7 @@ mod tests {
     const MS: u64 = 1_000_000;
     const SEC: u64 = 1_000_000_000;
 
-    fn rearm(d: &mut DisarmCycle, at: u64) -> Action {
+    fn rearm(d: &mut DisarmCycle, at: u64) -> DisarmAction {
         d.rearming();
         d.rearmed(at)
     }
@@ -290,7 +290,10 @@ mod tests {
     #[test]
     fn a_hit_disarms_until_the_cooldown_ends() {
         let mut d = DisarmCycle::new(100 * MS, MS);
-        assert_eq!(d.on_hit(1_000 * MS, 1_000 * MS + 50_000), Action::Detach);
+        assert_eq!(
+            d.on_hit(1_000 * MS, 1_000 * MS + 50_000),
+            DisarmAction::Detach
+        );
         assert!(d.is_disarmed());
         assert_eq!(d.rearm_at(0), Some(1_100 * MS));
         assert_eq!(d.rearm_at(10 * MS), Some(1_090 * MS));
@@ -300,7 +303,7 @@ mod tests {
         d.rearming();
         assert_eq!(d.rearm_at(0), None, "asked once");
         assert!(!d.due(2_000 * MS, 0));
-        assert_eq!(d.rearmed(1_100 * MS + 300_000), Action::Keep);
+        assert_eq!(d.rearmed(1_100 * MS + 300_000), DisarmAction::Keep);
         assert!(!d.is_disarmed());
         let s = d.stats_at(2_000 * MS);
         assert_eq!(s.cycles, 1);
@@ -312,7 +315,7 @@ mod tests {
     fn an_early_rearm_is_not_late() {
         let mut d = DisarmCycle::new(100 * MS, MS);
         d.on_hit(0, 0);
-        assert_eq!(rearm(&mut d, 95 * MS), Action::Keep);
+        assert_eq!(rearm(&mut d, 95 * MS), DisarmAction::Keep);
         assert_eq!(d.stats_at(95 * MS).rearm_late_ns, vec![0]);
     }
 
@@ -320,9 +323,9 @@ mod tests {
     fn a_hit_read_too_late_does_not_disarm() {
         let mut d = DisarmCycle::new(100 * MS, MS);
         // Read 99.5 ms after it happened: half a ms left, below the gap.
-        assert_eq!(d.on_hit(0, 99 * MS + MS / 2), Action::Keep);
+        assert_eq!(d.on_hit(0, 99 * MS + MS / 2), DisarmAction::Keep);
         assert!(!d.is_disarmed());
-        assert_eq!(d.on_hit(0, 200 * MS), Action::Keep);
+        assert_eq!(d.on_hit(0, 200 * MS), DisarmAction::Keep);
         // The first had half a ms of cooldown left; the second none.
         let s = d.stats_at(300 * MS);
         assert_eq!((s.cycles, s.disarmed_ns, s.kept_armed), (0, 0, 1));
@@ -331,10 +334,10 @@ mod tests {
     #[test]
     fn hits_read_while_disarmed_extend_the_cooldown_only_forward() {
         let mut d = DisarmCycle::new(100 * MS, MS);
-        assert_eq!(d.on_hit(10 * MS, 10 * MS), Action::Detach);
-        assert_eq!(d.on_hit(5 * MS, 11 * MS), Action::Keep);
+        assert_eq!(d.on_hit(10 * MS, 10 * MS), DisarmAction::Detach);
+        assert_eq!(d.on_hit(5 * MS, 11 * MS), DisarmAction::Keep);
         assert_eq!(d.rearm_at(0), Some(110 * MS));
-        assert_eq!(d.on_hit(20 * MS, 21 * MS), Action::Keep);
+        assert_eq!(d.on_hit(20 * MS, 21 * MS), DisarmAction::Keep);
         assert_eq!(d.rearm_at(0), Some(120 * MS));
         assert_eq!(d.stats_at(50 * MS).cycles, 1);
     }
@@ -346,8 +349,8 @@ mod tests {
         d.rearming();
         // The probes went in at ~99 ms; a call at 100 ms was accepted and
         // read before the attach returned.
-        assert_eq!(d.on_hit(100 * MS, 101 * MS), Action::Keep);
-        assert_eq!(d.rearmed(102 * MS), Action::Detach);
+        assert_eq!(d.on_hit(100 * MS, 101 * MS), DisarmAction::Keep);
+        assert_eq!(d.rearmed(102 * MS), DisarmAction::Detach);
         assert_eq!(d.rearm_at(0), Some(200 * MS));
         let s = d.stats_at(102 * MS);
         assert_eq!((s.cycles, s.disarmed_ns), (2, 102 * MS));
@@ -371,8 +374,8 @@ mod tests {
         let mut d = DisarmCycle::new(10 * MS, 0);
         for i in 0..5 {
             let t = i * 20 * MS;
-            assert_eq!(d.on_hit(t, t), Action::Detach);
-            assert_eq!(rearm(&mut d, t + 10 * MS + i * 1000), Action::Keep);
+            assert_eq!(d.on_hit(t, t), DisarmAction::Detach);
+            assert_eq!(rearm(&mut d, t + 10 * MS + i * 1000), DisarmAction::Keep);
         }
         let s = d.stats_at(1_000 * MS);
         assert_eq!(s.cycles, 5);
@@ -396,14 +399,14 @@ mod tests {
     fn a_cooldown_shorter_than_the_round_trip_keeps_the_probes_in() {
         let mut d = DisarmCycle::new(100 * MS, MS);
         d.set_min_gap(round_trip_ns(&[], &[], PRIOR_DETACH_NS));
-        assert_eq!(d.on_hit(0, 0), Action::Keep);
+        assert_eq!(d.on_hit(0, 0), DisarmAction::Keep);
         assert_eq!(d.stats_at(0).kept_armed, 1);
         d.set_min_gap(round_trip_ns(
             &[40 * MS, 50 * MS, 300 * MS],
             &[10 * MS],
             PRIOR_DETACH_NS,
         ));
-        assert_eq!(d.on_hit(200 * MS, 200 * MS), Action::Detach);
+        assert_eq!(d.on_hit(200 * MS, 200 * MS), DisarmAction::Detach);
         let s = d.stats_at(200 * MS);
         assert_eq!((s.cycles, s.kept_armed), (1, 1));
     }

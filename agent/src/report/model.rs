@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     moments::{self, Folded, Span},
-    offcpu::{self, OffCpu},
+    offcpu::{self, OffCpuView},
     samples::{self, Samples},
 };
 use crate::output::runs::{Entry, Hit, RunDir, open_regular};
@@ -66,7 +66,7 @@ pub struct HitReport {
     /// Name of the folded file of the moment, relative to OUT/report.
     pub moment_file: PathBuf,
     /// The off-CPU breakdown, when the run recorded one (`--off-cpu`).
-    pub off_cpu: Option<OffCpu>,
+    pub off_cpu: Option<OffCpuView>,
 }
 
 /// One snapshot file.

@@ -29,7 +29,7 @@ pub const TOP: usize = 5;
 
 /// One hit's off-CPU breakdown and blocked stacks.
 #[derive(Debug, Clone)]
-pub struct OffCpu {
+pub struct OffCpuView {
     /// The window, CLOCK_MONOTONIC ns: `[from_ns, to_ns]`.
     pub from_ns: u64,
     pub to_ns: u64,
@@ -64,10 +64,10 @@ pub struct BlockedStack {
 /// The breakdown the index gives for a hit, with no stacks yet; `None`
 /// when the run did not record one. `moment_file` is the hit's moment
 /// folded file (`X.moment.folded`); the off-CPU one is `X.offcpu.folded`.
-pub fn from_index(hit: &Hit, moment_file: &std::path::Path) -> Option<OffCpu> {
+pub fn from_index(hit: &Hit, moment_file: &std::path::Path) -> Option<OffCpuView> {
     let name = moment_file.file_name()?.to_str()?;
     let stem = name.strip_suffix(".moment.folded").unwrap_or(name);
-    Some(OffCpu {
+    Some(OffCpuView {
         from_ns: hit.off_cpu_from_ns?,
         to_ns: hit.ktime_ns,
         on_cpu_ns: hit.on_cpu_ns?,
@@ -82,7 +82,7 @@ pub fn from_index(hit: &Hit, moment_file: &std::path::Path) -> Option<OffCpu> {
 }
 
 /// Fills in the blocked stacks of thread `tid` from a snapshot.
-pub fn add_stacks(o: &mut OffCpu, s: &Samples, tid: u32) {
+pub fn add_stacks(o: &mut OffCpuView, s: &Samples, tid: u32) {
     let switches = thread_context_switches(&s.context_switches, tid);
     let mut taken: Vec<&SchedSwitchSample> = s
         .sched_switch_samples
@@ -244,7 +244,7 @@ pub fn interesting(frames: &[String], n: usize) -> Vec<&str> {
 
 /// The `--json` object of a hit's off-CPU stacks (`read`: the snapshot was
 /// read, so the stacks and the folded file exist).
-pub fn json(o: &OffCpu, read: bool) -> serde_json::Value {
+pub fn json(o: &OffCpuView, read: bool) -> serde_json::Value {
     serde_json::json!({
         "from_ns": o.from_ns,
         "to_ns": o.to_ns,
@@ -264,7 +264,7 @@ mod tests {
     /// samples.rs).
     const RUN: &str = include_str!("testdata/sched_switch.script");
 
-    fn hit(tid: u32, from_ns: u64, to_ns: u64) -> OffCpu {
+    fn hit(tid: u32, from_ns: u64, to_ns: u64) -> OffCpuView {
         let h = Hit {
             tid,
             ktime_ns: to_ns,

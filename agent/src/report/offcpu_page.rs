@@ -9,7 +9,7 @@ use inferno::flamegraph::color::{BasicPalette, Palette};
 use super::{
     embed::{embed, esc, options},
     model::HitReport,
-    offcpu::{self, OffCpu},
+    offcpu::{self, OffCpuView},
 };
 
 /// The bar's style, added to the page's.
@@ -96,7 +96,7 @@ pub fn graph(h: &mut String, hit: &HitReport) {
     top_list(h, o);
 }
 
-fn top_list(h: &mut String, o: &OffCpu) {
+fn top_list(h: &mut String, o: &OffCpuView) {
     let _ = write!(
         h,
         "<h4>The heaviest blocked stacks</h4><ol class=\"blocked\">"

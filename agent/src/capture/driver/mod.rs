@@ -4,7 +4,7 @@
 //! their indexes, and waits in `epoll` on all of them. A hit goes from the
 //! ring buffer to `kill(perf, SIGUSR2)` on this thread with no hop to another
 //! thread. The main thread (tokio) handles signals and `--duration`; it talks
-//! to the driver through [`Command`]s and hears back through [`Event`]s.
+//! to the driver through [`Request`]s and hears back through [`Progress`]s.
 //!
 //! Triggers come in two kinds:
 //! * a `--pid` trigger has one recorder; its uprobes are attached (scoped to
@@ -94,14 +94,14 @@ pub struct TriggerSetup {
 
 /// From the main thread to the driver.
 #[derive(Debug)]
-pub enum Command {
+pub enum Request {
     /// End the run for this reason (the first reason wins).
     Stop(EndReason),
 }
 
 /// From the driver to the main thread.
 #[derive(Debug)]
-pub enum Event {
+pub enum Progress {
     /// A trigger is armed (the first one starts `--duration`).
     Armed,
     /// The run is over.
@@ -130,14 +130,14 @@ pub struct Setup {
 
 /// The main thread's handle on the driver.
 pub struct Handle {
-    tx: mpsc::Sender<Command>,
+    tx: mpsc::Sender<Request>,
     wake: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Handle {
     /// Sends a command and wakes the driver.
-    pub fn send(&self, cmd: Command) {
+    pub fn send(&self, cmd: Request) {
         if self.tx.send(cmd).is_ok() {
             let _ = self.wake.write(1);
         }
@@ -159,7 +159,7 @@ enum Token {
     Ring,
     /// The EXECS ring buffer (`--exe`).
     Execs,
-    /// The eventfd the main thread writes after sending a [`Command`].
+    /// The eventfd the main thread writes after sending a [`Request`].
     Wake,
     /// The aya-log reader (`-v`).
     Logger,
@@ -199,7 +199,7 @@ impl Token {
 }
 
 /// Starts the driver thread.
-pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Handle> {
+pub fn spawn(setup: Setup, progress: UnboundedSender<Progress>) -> anyhow::Result<Handle> {
     let (tx, rx) = mpsc::channel();
     let wake = Arc::new(EventFd::from_flags(
         EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
@@ -208,7 +208,8 @@ pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Han
     let thread = std::thread::Builder::new()
         .name("mt-agent-driver".into())
         .spawn(move || {
-            let outcome = Driver::new(setup, rx, thread_wake, events.clone()).map(|mut d| d.run());
+            let outcome =
+                Driver::new(setup, rx, thread_wake, progress.clone()).map(|mut d| d.run());
             let outcome = outcome.unwrap_or_else(|e| {
                 Outcome::failed(
                     crate::error::failure_of(&e)
@@ -216,7 +217,7 @@ pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Han
                         .unwrap_or_else(|| Failure::runtime(format!("{e:#}"))),
                 )
             });
-            let _ = events.send(Event::Finished(Box::new(outcome)));
+            let _ = progress.send(Progress::Finished(Box::new(outcome)));
         })?;
     Ok(Handle {
         tx,
@@ -227,9 +228,9 @@ pub fn spawn(setup: Setup, events: UnboundedSender<Event>) -> anyhow::Result<Han
 
 struct Driver {
     setup: Setup,
-    events: UnboundedSender<Event>,
+    progress: UnboundedSender<Progress>,
     epoll: Epoll,
-    rx: mpsc::Receiver<Command>,
+    rx: mpsc::Receiver<Request>,
     wake: Arc<EventFd>,
     /// Filled in once the loader thread is done.
     probes: Option<Probes>,
@@ -261,9 +262,9 @@ struct Driver {
 impl Driver {
     fn new(
         setup: Setup,
-        rx: mpsc::Receiver<Command>,
+        rx: mpsc::Receiver<Request>,
         wake: Arc<EventFd>,
-        events: UnboundedSender<Event>,
+        progress: UnboundedSender<Progress>,
     ) -> anyhow::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(wake.as_fd(), Token::Wake.event())?;
@@ -281,7 +282,7 @@ impl Driver {
         disarming.start(&wake, &setup.printer);
         Ok(Self {
             setup,
-            events,
+            progress,
             epoll,
             rx,
             wake,
@@ -324,7 +325,7 @@ impl Driver {
                 match Token::decode(ev.data()) {
                     Some(Token::Ring) => self.read_ring(),
                     Some(Token::Execs) => self.read_execs(),
-                    Some(Token::Wake) => self.commands(),
+                    Some(Token::Wake) => self.requests(),
                     Some(Token::Logger) => {
                         if let Some(l) = &mut self.logger {
                             l.flush();
@@ -512,7 +513,7 @@ impl Driver {
     fn armed_now(&mut self, _pid: Option<i32>) {
         if self.armed_at.is_none() {
             self.armed_at = Some(Instant::now());
-            let _ = self.events.send(Event::Armed);
+            let _ = self.progress.send(Progress::Armed);
             if self.setup.reader_delay.is_none() {
                 self.watch_ring();
             }
@@ -930,11 +931,11 @@ impl Driver {
         }
     }
 
-    fn commands(&mut self) {
+    fn requests(&mut self) {
         let _ = self.wake.read();
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
-                Command::Stop(reason) => self.stop_all(reason),
+                Request::Stop(reason) => self.stop_all(reason),
             }
         }
     }
