@@ -1,5 +1,7 @@
 //! Builds the eBPF programs (`agent-ebpf`) for `bpfel-unknown-none` and puts
-//! the object in `OUT_DIR/mt-agent-ebpf`, which `src/probe.rs` embeds.
+//! the object in `OUT_DIR/mt-agent-ebpf`, which `src/probe/mod.rs` embeds,
+//! and the bench's floor program in `OUT_DIR/mt-agent-bench-ebpf`, which
+//! only the bench loads (the agent does not embed it).
 //!
 //! This is our own build step rather than `aya_build::build_ebpf`, because
 //! aya-build 0.2.0 overwrites `CARGO_ENCODED_RUSTFLAGS` and so cannot pass
@@ -26,6 +28,7 @@ use std::{
 
 const EBPF_PACKAGE: &str = "agent-ebpf";
 const EBPF_BIN: &str = "mt-agent-ebpf";
+const BENCH_BIN: &str = "mt-agent-bench-ebpf";
 const TARGET: &str = "bpfel-unknown-none";
 
 fn main() {
@@ -47,7 +50,14 @@ fn main() {
     let target_dir = out_dir.join("ebpf-target");
     let mut cmd = Command::new("rustup");
     cmd.args(["run", &toolchain, "cargo", "build"])
-        .args(["--package", EBPF_PACKAGE, "--bin", EBPF_BIN])
+        .args([
+            "--package",
+            EBPF_PACKAGE,
+            "--bin",
+            EBPF_BIN,
+            "--bin",
+            BENCH_BIN,
+        ])
         .args(["--release", "--target", TARGET, "-Z", "build-std=core"])
         // No unwinding on the BPF target; only this build aborts on panic.
         .args(["--config", "profile.release.panic=\"abort\""])
@@ -83,9 +93,11 @@ fn main() {
              run `cargo xtask setup` (nightly with rust-src, bpf-linker 0.13)"
         );
     }
-    let built = target_dir.join(TARGET).join("release").join(EBPF_BIN);
-    std::fs::copy(&built, out_dir.join(EBPF_BIN))
-        .unwrap_or_else(|e| panic!("copy {}: {e}", built.display()));
+    for bin in [EBPF_BIN, BENCH_BIN] {
+        let built = target_dir.join(TARGET).join("release").join(bin);
+        std::fs::copy(&built, out_dir.join(bin))
+            .unwrap_or_else(|e| panic!("copy {}: {e}", built.display()));
+    }
 }
 
 /// Sets MT_AGENT_GIT_COMMIT, MT_AGENT_TARGET and MT_AGENT_AYA_VERSION for

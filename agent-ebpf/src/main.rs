@@ -1,18 +1,24 @@
-//! mt-agent's eBPF programs.
+//! mt-agent's eBPF programs (the benchmark's floor is apart, in
+//! `src/bench.rs`).
 //!
 //! * `mt_entry`: a uprobe on the trigger function's entry (or `--offset`).
 //! * `mt_return`: a plain uprobe on each `ret` instruction of a
-//!   `--slower-than` trigger (never a uretprobe unless `--use-uretprobe`,
-//!   in which case it is attached as one).
-//! * `mt_fork`: the `sched_process_fork` raw tracepoint, which adds the children
-//!   of followed processes to `FOLLOWED` (`--pid` triggers following forks),
-//!   and `mt_exit` on `sched_process_exit`, which removes them when they end.
+//!   `--slower-than` trigger.
+//! * `mt_uretprobe`: a uretprobe on the function instead
+//!   (`--use-uretprobe`).
+//! * `mt_exec`: the `sched_process_exec` raw tracepoint, which forwards each
+//!   exec'ing pid into `EXECS` (`--exe` triggers find new processes so).
+//! * `mt_fork`: the `sched_process_fork` raw tracepoint, which adds the
+//!   children of followed processes to `FOLLOWED` (`--pid` triggers
+//!   following forks), and `mt_exit` on `sched_process_exit`, which removes
+//!   them when they end.
 //!
-//! Both find their trigger's settings through the attach cookie, which is the
-//! trigger's index into `CONFIG`, `STATE` and `COUNTERS`. Filters run in a
-//! fixed order: tid, when, duration, every, rate, cooldown. A hit that passes
-//! them all is pushed into the `HITS` ring buffer; a hit that fails one only
-//! bumps that filter's counter, so it costs no wakeup and no userspace work.
+//! The uprobes find their trigger's settings through the attach cookie,
+//! which is the trigger's index into `CONFIG`, `STATE` and `COUNTERS`.
+//! Filters run in a fixed order: tid, when, duration, every, rate,
+//! cooldown. A hit that passes them all is pushed into the `HITS` ring
+//! buffer; a hit that fails one only bumps that filter's counter, so it
+//! costs no wakeup and no userspace work.
 //!
 //! Shared state is updated with BPF atomics (fetch-add, compare-exchange),
 //! which need BPF CPU v3; `agent/build.rs` builds this crate with
@@ -119,13 +125,6 @@ mod prog {
     #[uprobe]
     pub fn mt_entry(ctx: ProbeContext) -> u32 {
         on_entry(&ctx, ctx.regs);
-        0
-    }
-
-    /// The benchmark's floor: a uprobe program that returns at once. Used
-    /// only by `cargo xtask bench`, to measure what any uprobe costs here.
-    #[uprobe]
-    pub fn mt_floor(_ctx: ProbeContext) -> u32 {
         0
     }
 

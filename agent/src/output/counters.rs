@@ -6,7 +6,7 @@
 //! table.
 
 use agent_common::Counter;
-use serde::{Serialize, ser::SerializeStruct};
+use serde::{Deserialize, Serialize, ser::SerializeStruct};
 
 /// One reason a hit is dropped in the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,9 @@ impl DropReason {
 }
 
 /// Counter values of one trigger, summed over CPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// Every field defaults to 0 when an index line read back lacks it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CounterValues {
     /// Entries of the function in the traced scope.
     pub seen: u64,
@@ -124,6 +126,17 @@ impl Serialize for Dropped {
     }
 }
 
+impl<'de> Deserialize<'de> for Dropped {
+    /// One field per reason, as [`Dropped`] serializes; a reason missing
+    /// is 0 and an unknown field is ignored (an index of another version).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let fields = std::collections::HashMap::<String, u64>::deserialize(d)?;
+        Ok(Dropped(
+            DROP_REASONS.map(|r| fields.get(r.field).copied().unwrap_or(0)),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +178,20 @@ mod tests {
         a.add(&a.clone());
         assert_eq!((a.seen, a.accepted, a.lost), (10, 4, 2));
         assert_eq!(a.dropped, Dropped([2, 0, 0, 0, 0, 4, 0, 0]));
+    }
+
+    #[test]
+    fn values_read_back_as_written_and_missing_fields_are_zero() {
+        let v = CounterValues {
+            seen: 7,
+            accepted: 3,
+            lost: 1,
+            dropped: Dropped([0, 2, 0, 0, 0, 1, 0, 0]),
+        };
+        let text = serde_json::to_string(&v).unwrap();
+        assert_eq!(serde_json::from_str::<CounterValues>(&text).unwrap(), v);
+        let old: CounterValues =
+            serde_json::from_str(r#"{"seen":4,"dropped":{"when":1,"gone":9}}"#).unwrap();
+        assert_eq!((old.seen, old.accepted, old.dropped.total()), (4, 0, 1));
     }
 }

@@ -22,7 +22,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 
 use crate::{
     error::Failure,
@@ -33,8 +35,10 @@ use crate::{
 /// File name of the index inside the output directory.
 pub const INDEX_FILE: &str = "snapshots.jsonl";
 
-/// One accepted hit as the index records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One accepted hit as the index records it. Read back (`mt-agent
+/// report`), a field a line lacks takes its default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IndexedHit {
     /// Position in ring-buffer order, from 1.
     pub seq: u64,
@@ -70,7 +74,7 @@ pub struct IndexedHit {
 }
 
 /// Kind of a snapshot file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SnapshotKind {
     /// Closed because of one or more accepted hits.
@@ -79,23 +83,35 @@ pub enum SnapshotKind {
     Tail,
 }
 
+impl SnapshotKind {
+    /// `hit` or `tail`, as the index writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SnapshotKind::Hit => "hit",
+            SnapshotKind::Tail => "tail",
+        }
+    }
+}
+
 /// A completed snapshot file: the one record behind both its index line and
 /// its `snapshot` event (fields in this order).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub kind: SnapshotKind,
     /// File name, relative to the output directory.
     pub file: String,
     /// File size when it completed, bytes. The state machine leaves it 0;
     /// the recorder fills it in from the file before indexing.
+    #[serde(default)]
     pub bytes: u64,
     /// The hits it answers: the cause first, then merged hits.
+    #[serde(default)]
     pub hits: Vec<IndexedHit>,
     /// Time from the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hit_to_kill_ns: Option<u64>,
     /// Merged hits beyond [`crate::capture::snapshot::MAX_LISTED_HITS`]: counted, not listed.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub unlisted_hits: u64,
     /// Samples in the file and the times of the first and last, on the
     /// hits' clock. The recorder reads them from the file before indexing
@@ -109,7 +125,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// A trigger's disarming so far, as each index line records it (`disarm`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisarmCounters {
     /// Disarm cycles started.
     pub cycles: u64,
@@ -280,20 +296,64 @@ pub struct Index {
     len: u64,
 }
 
-/// One index line for a completed snapshot: the snapshot's fields, then
-/// the kernel's counters and the merged count at that moment.
-#[derive(Debug, Serialize)]
-pub struct Entry<'a> {
+/// One line of the index, as the recorder writes it and the report reads
+/// it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IndexLine<'a> {
+    /// A listed file that is gone (perf's `--switch-max-files`, from
+    /// `--keep`, or `--max-disk`).
+    Deleted(Deleted),
+    /// A completed snapshot.
+    Snapshot(SnapshotLine<'a>),
+}
+
+/// A completed snapshot's line: the snapshot's fields, then the kernel's
+/// counters and the merged count at that moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotLine<'a> {
     #[serde(flatten)]
-    pub snapshot: &'a Snapshot,
+    pub snapshot: Cow<'a, Snapshot>,
     /// The kernel's counters when the snapshot completed.
+    #[serde(default)]
     pub counters: CounterValues,
     /// Hits merged into snapshots so far.
+    #[serde(default)]
     pub merged: u64,
-    /// The trigger's disarming so far (README, "Disarming during a
+    /// The trigger's disarming so far (GUIDE.md, "Disarming during a
     /// cooldown"); absent for a trigger that never disarms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disarm: Option<crate::output::index::DisarmCounters>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disarm: Option<DisarmCounters>,
+}
+
+/// `{"kind":"deleted","file":…}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    kind: DeletedKind,
+    pub file: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum DeletedKind {
+    Deleted,
+}
+
+impl Deleted {
+    pub fn new(file: &str) -> Self {
+        Self {
+            kind: DeletedKind::Deleted,
+            file: file.to_string(),
+        }
+    }
+}
+
+impl IndexLine<'static> {
+    /// Parses one line; None for one that is not an index line of the
+    /// expected shape (a truncated copy, say).
+    pub fn parse(line: &str) -> Option<Self> {
+        serde_json::from_str(line).ok()
+    }
 }
 
 impl Index {
@@ -318,20 +378,20 @@ impl Index {
         snapshot: &Snapshot,
         counters: CounterValues,
         merged: u64,
-        disarm: Option<crate::output::index::DisarmCounters>,
+        disarm: Option<DisarmCounters>,
     ) -> io::Result<()> {
-        self.line(&Entry {
-            snapshot,
+        self.line(&IndexLine::Snapshot(SnapshotLine {
+            snapshot: Cow::Borrowed(snapshot),
             counters,
             merged,
             disarm,
-        })
+        }))
     }
 
     /// Appends a line saying a listed file was deleted (perf's
     /// `--switch-max-files`, from `--keep`).
     pub fn deleted(&mut self, file: &str) -> io::Result<()> {
-        self.line(&serde_json::json!({"kind": "deleted", "file": file}))
+        self.line(&IndexLine::Deleted(Deleted::new(file)))
     }
 
     fn line<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
@@ -428,6 +488,19 @@ mod tests {
         );
         assert_eq!(lines[0]["kind"], "tail");
         assert_eq!(lines[1]["kind"], "deleted");
+        let back: Vec<IndexLine> = text.lines().filter_map(IndexLine::parse).collect();
+        assert_eq!(
+            back,
+            [
+                IndexLine::Snapshot(SnapshotLine {
+                    snapshot: Cow::Owned(snap.clone()),
+                    counters: Default::default(),
+                    merged: 0,
+                    disarm: None,
+                }),
+                IndexLine::Deleted(Deleted::new("perf.data.1")),
+            ]
+        );
         assert_eq!(fs::metadata(idx.path()).unwrap().mode() & 0o777, 0o600);
 
         let dir2 = tempfile::tempdir().unwrap();
@@ -436,5 +509,71 @@ mod tests {
         std::os::unix::fs::symlink(&victim, dir2.path().join(INDEX_FILE)).unwrap();
         assert!(Index::create(dir2.path()).is_err());
         assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+    }
+
+    #[test]
+    fn a_hit_line_reads_back_as_written() {
+        use crate::perf::{
+            data::SampleSpan,
+            offcpu::{Breakdown, OffCpu},
+        };
+        let hit = IndexedHit {
+            seq: 3,
+            tgid: 10,
+            tid: 11,
+            cpu: 1,
+            ktime_ns: 5_000,
+            args: [1, 2, 3, 4, 5, 6],
+            duration_ns: Some(900),
+            retval: Some(7),
+            merged: false,
+            starts_before_samples: true,
+            off_cpu: Some(OffCpu {
+                off_cpu_from_ns: 4_100,
+                breakdown: Breakdown {
+                    on_cpu_ns: 500,
+                    runnable_ns: 100,
+                    blocked_ns: 300,
+                },
+                reaches_start: false,
+            }),
+        };
+        let line = IndexLine::Snapshot(SnapshotLine {
+            snapshot: Cow::Owned(Snapshot {
+                kind: SnapshotKind::Hit,
+                file: "perf.data.2".into(),
+                bytes: 99,
+                hits: vec![
+                    hit.clone(),
+                    IndexedHit {
+                        merged: true,
+                        ..hit
+                    },
+                ],
+                hit_to_kill_ns: Some(40),
+                unlisted_hits: 2,
+                span: Some(SampleSpan {
+                    samples: 12,
+                    first_sample_ns: 1_000,
+                    last_sample_ns: 6_000,
+                }),
+            }),
+            counters: Default::default(),
+            merged: 1,
+            disarm: Some(DisarmCounters {
+                cycles: 4,
+                disarmed_ns: 8,
+            }),
+        });
+        let text = serde_json::to_string(&line).unwrap();
+        assert_eq!(IndexLine::parse(&text), Some(line));
+        // A line without the optional parts still reads.
+        let bare = r#"{"kind":"hit","file":"f","hits":[{"seq":1,"tgid":2,"tid":3,"ktime_ns":4}]}"#;
+        let Some(IndexLine::Snapshot(s)) = IndexLine::parse(bare) else {
+            panic!("not a snapshot line")
+        };
+        assert_eq!(s.snapshot.hits[0].off_cpu, None);
+        assert_eq!(s.snapshot.span, None);
+        assert_eq!(IndexLine::parse(r#"{"kind":"tail","fi"#), None);
     }
 }

@@ -14,11 +14,15 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::runs::{RunDir, open_regular};
+use super::runs::RunDir;
 use crate::output::events::Armed;
+use crate::sys::safe_open::{Dir, Scope};
 
 /// The file's name in OUT.
 pub const RUN_FILE: &str = "run.json";
+
+/// The most of a `run.json` read, bytes: a few hundred per trigger.
+const MAX_RUN_FILE: u64 = 1 << 20;
 
 /// One trigger of the run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,8 +75,9 @@ pub fn write(out: &Path, armed: &[Armed]) -> Result<(), String> {
 pub fn trigger_of(out: &Path, run: &RunDir) -> Option<Trigger> {
     let mut base = Some(run.rel.as_path());
     while let Some(b) = base {
-        if let Ok(f) = open_regular(&out.join(b).join(RUN_FILE)) {
-            let file: RunFile = serde_json::from_reader(std::io::BufReader::new(f)).ok()?;
+        let opened = Dir::open(out).and_then(|d| d.open_file(&b.join(RUN_FILE), Scope::Beneath));
+        if let Ok(f) = opened {
+            let file: RunFile = serde_json::from_slice(&f.read_all(MAX_RUN_FILE).ok()?).ok()?;
             let rel = run.rel.strip_prefix(b).ok()?;
             return file
                 .triggers

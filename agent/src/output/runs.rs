@@ -9,60 +9,18 @@
 
 use std::{
     collections::HashSet,
-    fs::{File, OpenOptions},
+    fs::File,
     io::{self, BufRead, BufReader},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
-use serde::Deserialize;
-
-use crate::output::index::INDEX_FILE;
+use crate::{
+    output::index::{INDEX_FILE, IndexLine, SnapshotLine},
+    sys::safe_open::{self, Dir, Scope},
+};
 
 /// How deep under OUT an index is looked for (`<time>/<trigger>/<pid>/`).
 const MAX_DEPTH: usize = 4;
-
-/// One hit, as `snapshots.jsonl` lists it (see the README's "Output").
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct Hit {
-    pub seq: u64,
-    pub tgid: u32,
-    pub tid: u32,
-    #[serde(default)]
-    pub cpu: u32,
-    /// CLOCK_MONOTONIC, ns: the clock of perf's sample times here.
-    pub ktime_ns: u64,
-    #[serde(default)]
-    pub args: Vec<u64>,
-    /// `--slower-than`: the call's duration, ns.
-    pub duration_ns: Option<u64>,
-    pub retval: Option<u64>,
-    #[serde(default)]
-    pub merged: bool,
-    /// Off-CPU breakdown (`--off-cpu`): the window is `[off_cpu_from_ns,
-    /// ktime_ns]`, CLOCK_MONOTONIC ns, and the hit's thread spent it on
-    /// CPU, runnable and blocked (ns, adding up to the window's length).
-    pub off_cpu_from_ns: Option<u64>,
-    pub on_cpu_ns: Option<u64>,
-    pub runnable_ns: Option<u64>,
-    pub blocked_ns: Option<u64>,
-}
-
-/// One `hit` or `tail` line of the index.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Entry {
-    pub kind: String,
-    pub file: String,
-    #[serde(default)]
-    pub bytes: u64,
-    #[serde(default)]
-    pub hits: Vec<Hit>,
-    pub hit_to_kill_ns: Option<u64>,
-    #[serde(default)]
-    pub unlisted_hits: u64,
-    #[serde(default)]
-    pub counters: serde_json::Value,
-}
 
 /// A directory of OUT with an index: one perf's snapshots.
 #[derive(Debug)]
@@ -70,8 +28,10 @@ pub struct RunDir {
     /// Path relative to OUT ("" for OUT itself).
     pub rel: PathBuf,
     pub path: PathBuf,
+    /// OUT itself, which every file of the run is opened beneath.
+    pub out: PathBuf,
     /// `hit` and `tail` lines, in index order.
-    pub entries: Vec<Entry>,
+    pub entries: Vec<SnapshotLine<'static>>,
     /// Files a `deleted` line names (`--keep`).
     pub deleted: HashSet<String>,
     /// Index lines that are not JSON of the expected shape.
@@ -81,17 +41,12 @@ pub struct RunDir {
     pub buildid_dir: Option<PathBuf>,
 }
 
-/// Opens a file for reading without following a symlink and without
-/// blocking on a FIFO, and checks that it is a regular file.
-pub fn open_regular(path: &Path) -> io::Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(io::Error::other("not a regular file"));
-    }
-    Ok(f)
+/// Opens the regular file `rel` beneath `out` for reading: no symlink and
+/// no `..` on the way, no FIFO or device ([`Scope::Beneath`]).
+pub fn open_in(out: &Path, rel: &Path) -> io::Result<File> {
+    let refused = |e: safe_open::Refused| io::Error::other(e.to_string());
+    let dir = Dir::open(out).map_err(refused)?;
+    Ok(dir.open_file(rel, Scope::Beneath).map_err(refused)?.file)
 }
 
 /// Every directory under `out` (itself included) that holds an index.
@@ -101,11 +56,8 @@ pub fn discover(out: &Path) -> io::Result<Vec<RunDir>> {
     dirs.sort();
     let mut runs = Vec::new();
     for rel in dirs {
-        let path = out.join(&rel);
-        let mut run = read_index(&path.join(INDEX_FILE))?;
+        let mut run = read_index(out, &rel)?;
         run.buildid_dir = nearest_debug(out, &rel);
-        run.rel = rel;
-        run.path = path;
         runs.push(run);
     }
     Ok(runs)
@@ -147,13 +99,14 @@ fn nearest_debug(out: &Path, rel: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Reads one index. A line that is not JSON (a truncated copy, say) is
-/// counted, not fatal.
-pub fn read_index(path: &Path) -> io::Result<RunDir> {
-    let reader = BufReader::new(open_regular(path)?);
+/// Reads the index of `OUT/rel`. A line that is not an index line (a
+/// truncated copy, say) is counted, not fatal.
+pub fn read_index(out: &Path, rel: &Path) -> io::Result<RunDir> {
+    let reader = BufReader::new(open_in(out, &rel.join(INDEX_FILE))?);
     let mut run = RunDir {
-        rel: PathBuf::new(),
-        path: PathBuf::new(),
+        rel: rel.to_path_buf(),
+        path: out.join(rel),
+        out: out.to_path_buf(),
         entries: Vec::new(),
         deleted: HashSet::new(),
         bad_lines: 0,
@@ -164,21 +117,11 @@ pub fn read_index(path: &Path) -> io::Result<RunDir> {
         if line.trim().is_empty() {
             continue;
         }
-        let value: serde_json::Value = match serde_json::from_str(&line) {
-            Ok(v) => v,
-            Err(_) => {
-                run.bad_lines += 1;
-                continue;
+        match IndexLine::parse(&line) {
+            Some(IndexLine::Deleted(d)) => {
+                run.deleted.insert(d.file);
             }
-        };
-        if value["kind"] == "deleted" {
-            if let Some(f) = value["file"].as_str() {
-                run.deleted.insert(f.to_string());
-            }
-            continue;
-        }
-        match serde_json::from_value::<Entry>(value) {
-            Ok(e) if safe_name(&e.file) => run.entries.push(e),
+            Some(IndexLine::Snapshot(s)) if safe_name(&s.snapshot.file) => run.entries.push(s),
             _ => run.bad_lines += 1,
         }
     }
@@ -217,7 +160,7 @@ mod tests {
         let r = &runs[0];
         assert_eq!(r.rel, Path::new("a/123"));
         assert_eq!(r.entries.len(), 1);
-        assert_eq!(r.entries[0].hits[0].duration_ns, Some(7));
+        assert_eq!(r.entries[0].snapshot.hits[0].duration_ns, Some(7));
         assert!(r.deleted.contains("perf.data.1"));
         assert_eq!(r.bad_lines, 2);
         assert_eq!(r.buildid_dir.as_deref(), Some(out.join(".debug").as_path()));
@@ -228,11 +171,15 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let fifo = tmp.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        assert!(open_regular(&fifo).is_err());
+        assert!(open_in(tmp.path(), Path::new("fifo")).is_err());
         let f = tmp.path().join("f");
         std::fs::write(&f, "x").unwrap();
         std::os::unix::fs::symlink(&f, tmp.path().join("l")).unwrap();
-        assert!(open_regular(&tmp.path().join("l")).is_err());
-        assert!(open_regular(&f).is_ok());
+        assert!(open_in(tmp.path(), Path::new("l")).is_err());
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), tmp.path().join("d/up")).unwrap();
+        assert!(open_in(tmp.path(), Path::new("d/up/f")).is_err());
+        assert!(open_in(tmp.path(), Path::new("../f")).is_err());
+        assert!(open_in(tmp.path(), Path::new("f")).is_ok());
     }
 }

@@ -19,12 +19,12 @@ use linux_perf_data::{
     PerfFileReader, PerfFileRecord,
     linux_perf_event_reader::{ContextSwitchRecord, EventRecord, TaskWasPreempted},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::perf::offcpu::{ContextSwitch, ContextSwitchKind};
 
 /// The samples of one snapshot file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleSpan {
     /// Number of samples in the file.
     pub samples: u64,

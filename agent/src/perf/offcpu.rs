@@ -8,7 +8,7 @@
 //! time. Any other switch-out is a sleep; its time until the switch-in, wake-up
 //! latency included, is blocked time.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Direction of one context switch of a thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct ContextSwitch {
 }
 
 /// A thread's time in a window, ns. The three add up to the window's length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Breakdown {
     /// Running on a CPU.
     pub on_cpu_ns: u64,
@@ -39,7 +39,7 @@ pub struct Breakdown {
 }
 
 /// The breakdown of one hit's thread, as the index and `--json` show it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffCpu {
     /// Start of the window, CLOCK_MONOTONIC ns; it ends at the hit's
     /// `ktime_ns`. A `--slower-than` hit's window is its call.

@@ -121,7 +121,7 @@ fn table(h: &mut String, p: &Page) {
             Status::Read => String::new(),
             s => format!(" <span class=\"bad\">({})</span>", esc(&s.describe())),
         };
-        let unlisted = match f.entry.unlisted_hits {
+        let unlisted = match f.line.snapshot.unlisted_hits {
             0 => String::new(),
             n => format!(" (+{n} merged hits not listed)"),
         };
@@ -135,7 +135,7 @@ fn table(h: &mut String, p: &Page) {
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td>{file}</td><td colspan=\"8\"></td><td>{samples}</td><td>-</td></tr>",
-                esc(&f.entry.kind)
+                esc(f.line.snapshot.kind.name())
             );
         }
         for hit in &f.hits {
@@ -160,7 +160,7 @@ fn hit_row(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport, file: &str
     let _ = write!(
         h,
         "<tr><td>{}</td><td>{file}</td><td>{seq}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{samples}</td><td>{}</td></tr>",
-        esc(&f.entry.kind),
+        esc(f.line.snapshot.kind.name()),
         esc(&runinfo::wall_clock(f, x).unwrap_or_else(|| "-".into())),
         p.seconds_into_run(f, x)
             .map_or("-".into(), |s| format!("{s:.3}")),
@@ -168,7 +168,7 @@ fn hit_row(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport, file: &str
         esc(&format!("{:?}", x.args)),
         opt(x.duration_ns, true),
         opt(x.retval, false),
-        opt(f.entry.hit_to_kill_ns.filter(|_| !x.merged), true),
+        opt(f.line.snapshot.hit_to_kill_ns.filter(|_| !x.merged), true),
         if f.status == Status::Read {
             moments::total(&hit.moment).to_string()
         } else {
@@ -181,7 +181,7 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
     let x = &hit.hit;
     let _ = write!(
         h,
-        "<h3 id=\"{}\">Hit #{} in {}: tid {}</h3>",
+        "<h3 id=\"{}\">IndexedHit #{} in {}: tid {}</h3>",
         anchor(f, hit),
         x.seq,
         esc(&display_file(f)),
@@ -268,7 +268,7 @@ fn diff_graph(h: &mut String, hit: &HitReport) {
 
 fn anchor(f: &FileReport, hit: &HitReport) -> String {
     let dir = f.dir.display().to_string().replace('/', "-");
-    format!("hit-{dir}-{}-{}", f.entry.file, hit.hit.seq)
+    format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
 }
 
 fn display_dir(rel: &std::path::Path) -> String {
@@ -280,5 +280,5 @@ fn display_dir(rel: &std::path::Path) -> String {
 }
 
 fn display_file(f: &FileReport) -> String {
-    f.dir.join(&f.entry.file).display().to_string()
+    f.dir.join(&f.line.snapshot.file).display().to_string()
 }

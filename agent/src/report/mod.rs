@@ -36,8 +36,9 @@ use std::{
 use serde_json::json;
 
 use crate::output::{
-    run_file, runs,
-    runs::{Hit, RunDir},
+    index::IndexedHit,
+    run_file,
+    runs::{self, RunDir},
     write,
 };
 use crate::{
@@ -66,7 +67,7 @@ pub struct Page {
 
 impl Page {
     /// Seconds from the directory's first sample to the hit.
-    pub fn seconds_into_run(&self, f: &FileReport, hit: &Hit) -> Option<f64> {
+    pub fn seconds_into_run(&self, f: &FileReport, hit: &IndexedHit) -> Option<f64> {
         let start = *self.starts.get(&f.dir)?;
         Some((hit.ktime_ns as f64 - start as f64) / 1e9)
     }
@@ -161,7 +162,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
     let hits: usize = runs
         .iter()
         .flat_map(|r| &r.entries)
-        .map(|e| e.hits.len())
+        .map(|e| e.snapshot.hits.len())
         .sum();
     if hits == 0 {
         return Err(Failure::usage(format!(
@@ -231,7 +232,7 @@ fn warn_bad_files(p: &Page) -> usize {
         n += 1;
         eprintln!(
             "mt-agent: warning: {}: {}; the report marks it and shows the other snapshots",
-            p.out.join(&f.dir).join(&f.entry.file).display(),
+            p.out.join(&f.dir).join(&f.line.snapshot.file).display(),
             f.status.describe()
         );
     }
@@ -248,13 +249,13 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "event": "hit",
         "report": page,
         "dir": f.dir,
-        "file": f.entry.file,
-        "kind": f.entry.kind,
+        "file": f.line.snapshot.file,
+        "kind": f.line.snapshot.kind,
         "status": f.status.describe(),
         "seq": x.seq, "tgid": x.tgid, "tid": x.tid, "cpu": x.cpu,
         "ktime_ns": x.ktime_ns, "args": x.args,
         "duration_ns": x.duration_ns, "retval": x.retval, "merged": x.merged,
-        "hit_to_kill_ns": f.entry.hit_to_kill_ns,
+        "hit_to_kill_ns": f.line.snapshot.hit_to_kill_ns,
         "wall_clock": runinfo::wall_clock(f, x),
         "seconds_into_run": p.seconds_into_run(f, x),
         "file_samples": read.then_some(f.samples),
@@ -275,10 +276,10 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         },
         "rest_of_thread_samples": moments::total(&h.rest),
         "diff": moments::deltas(&h.moment, &h.rest, 10),
-        "off_cpu_from_ns": x.off_cpu_from_ns,
-        "on_cpu_ns": x.on_cpu_ns,
-        "runnable_ns": x.runnable_ns,
-        "blocked_ns": x.blocked_ns,
+        "off_cpu_from_ns": x.off_cpu.map(|o| o.off_cpu_from_ns),
+        "on_cpu_ns": x.off_cpu.map(|o| o.breakdown.on_cpu_ns),
+        "runnable_ns": x.off_cpu.map(|o| o.breakdown.runnable_ns),
+        "blocked_ns": x.off_cpu.map(|o| o.breakdown.blocked_ns),
         "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
     })
 }

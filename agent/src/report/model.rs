@@ -14,7 +14,10 @@ use super::{
     offcpu::{self, OffCpuView},
     samples::{self, Samples},
 };
-use crate::output::runs::{Entry, Hit, RunDir, open_regular};
+use crate::output::{
+    index::{IndexedHit, SnapshotLine},
+    runs::{RunDir, open_in},
+};
 
 /// What became of a snapshot file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +60,7 @@ impl Status {
 /// One hit's moment, folded.
 #[derive(Debug)]
 pub struct HitReport {
-    pub hit: Hit,
+    pub hit: IndexedHit,
     pub span: Span,
     /// The moment on the hit's thread.
     pub moment: Folded,
@@ -74,7 +77,7 @@ pub struct HitReport {
 pub struct FileReport {
     /// The index directory, relative to OUT.
     pub dir: PathBuf,
-    pub entry: Entry,
+    pub line: SnapshotLine<'static>,
     pub status: Status,
     /// Samples in the file.
     pub samples: u64,
@@ -90,7 +93,7 @@ pub struct FileReport {
 
 /// Reads every file of every index directory, `jobs` at a time.
 pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<FileReport> {
-    let work: Vec<(&RunDir, &Entry)> = runs
+    let work: Vec<(&RunDir, &SnapshotLine<'static>)> = runs
         .iter()
         .flat_map(|r| r.entries.iter().map(move |e| (r, e)))
         .collect();
@@ -101,10 +104,10 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((run, entry)) = work.get(i) else {
+                    let Some((run, line)) = work.get(i) else {
                         break;
                     };
-                    let r = one_file(run, entry, perf, window_ns);
+                    let r = one_file(run, line, perf, window_ns);
                     done.lock().expect("not poisoned").push((i, r));
                 }
             });
@@ -115,26 +118,26 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
     done.into_iter().map(|(_, r)| r).collect()
 }
 
-fn one_file(run: &RunDir, entry: &Entry, perf: &Path, window_ns: u64) -> FileReport {
+fn one_file(run: &RunDir, line: &SnapshotLine<'static>, perf: &Path, window_ns: u64) -> FileReport {
+    let snapshot = &line.snapshot;
     let mut rep = FileReport {
         dir: run.rel.clone(),
-        entry: entry.clone(),
+        line: line.clone(),
         status: Status::Read,
         samples: 0,
         span_ns: None,
         all: Vec::new(),
-        all_file: run.rel.join(format!("{}.all.folded", entry.file)),
+        all_file: run.rel.join(format!("{}.all.folded", snapshot.file)),
         hits: Vec::new(),
         cmdline: None,
     };
-    let path = run.path.join(&entry.file);
-    let read = match open_regular(&path) {
-        Err(_) if run.deleted.contains(&entry.file) => Err(Status::Deleted),
+    let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
+        Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
         Err(e) => Err(Status::Missing(e.to_string())),
         Ok(f) => match f.metadata().map(|m| m.len()) {
-            Ok(have) if have < entry.bytes => Err(Status::Truncated {
+            Ok(have) if have < snapshot.bytes => Err(Status::Truncated {
                 have,
-                want: entry.bytes,
+                want: snapshot.bytes,
             }),
             _ => samples::read(perf, run.buildid_dir.as_deref(), &f).map_err(Status::Corrupt),
         },
@@ -145,7 +148,7 @@ fn one_file(run: &RunDir, entry: &Entry, perf: &Path, window_ns: u64) -> FileRep
     }
     // Hits are listed even when their file could not be read.
     if rep.hits.is_empty() {
-        rep.hits = entry
+        rep.hits = snapshot
             .hits
             .iter()
             .map(|h| hit_report(&rep, h, window_ns))
@@ -154,11 +157,11 @@ fn one_file(run: &RunDir, entry: &Entry, perf: &Path, window_ns: u64) -> FileRep
     rep
 }
 
-fn hit_report(rep: &FileReport, h: &Hit, window_ns: u64) -> HitReport {
-    let name = if rep.entry.hits.len() > 1 {
-        format!("{}.{}.moment.folded", rep.entry.file, h.seq)
+fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
+    let name = if rep.line.snapshot.hits.len() > 1 {
+        format!("{}.{}.moment.folded", rep.line.snapshot.file, h.seq)
     } else {
-        format!("{}.moment.folded", rep.entry.file)
+        format!("{}.moment.folded", rep.line.snapshot.file)
     };
     let moment_file = rep.dir.join(name);
     HitReport {
@@ -178,7 +181,7 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
     let hi = s.samples.iter().map(|x| x.time_ns).max();
     rep.span_ns = lo.zip(hi);
     rep.all = moments::fold(s, |_| true);
-    for h in &rep.entry.hits {
+    for h in &rep.line.snapshot.hits {
         let mut hr = hit_report(rep, h, window_ns);
         let sp = hr.span;
         hr.moment = moments::fold(s, |x| sp.contains(x));

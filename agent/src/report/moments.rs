@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::samples::{Sample, Samples};
-use crate::output::runs::Hit;
+use crate::output::index::IndexedHit;
 
 /// Outermost frames of a complete stack: a thread's or a process's start
 /// (C, C++, Rust and Go). A stack that ends elsewhere was cut short (no
@@ -45,7 +45,7 @@ pub struct Span {
 
 /// A hit's moment: for a `--slower-than` hit, the call itself
 /// (`ktime_ns - duration_ns` to `ktime_ns`); else the `window_ns` before it.
-pub fn span(hit: &Hit, window_ns: u64) -> Span {
+pub fn span(hit: &IndexedHit, window_ns: u64) -> Span {
     let (len, call) = match hit.duration_ns {
         Some(d) => (d, true),
         None => (window_ns, false),
@@ -267,17 +267,17 @@ mod tests {
 
     #[test]
     fn spans_follow_the_hit() {
-        let mut h = Hit {
+        let mut h = IndexedHit {
             seq: 1,
             tgid: 1,
             tid: 7,
             cpu: 0,
             ktime_ns: 5_000,
-            args: vec![],
+            args: [0; agent_common::NARGS],
             duration_ns: Some(1_000),
             retval: None,
             merged: false,
-            ..Hit::default()
+            ..IndexedHit::default()
         };
         let s = span(&h, 3_000);
         assert_eq!((s.start_ns, s.end_ns, s.call), (4_000, 5_000, true));

@@ -17,7 +17,7 @@ use super::{
     moments::Folded,
     samples::{ContextSwitchLine, Samples, SchedSwitchSample},
 };
-use crate::output::runs::Hit;
+use crate::output::index::IndexedHit;
 use crate::perf::offcpu::{ContextSwitch, ContextSwitchKind, OffInterval, off_intervals};
 
 /// The frame of a blocked interval whose stack is not in the snapshot (no
@@ -64,15 +64,16 @@ pub struct BlockedStack {
 /// The breakdown the index gives for a hit, with no stacks yet; `None`
 /// when the run did not record one. `moment_file` is the hit's moment
 /// folded file (`X.moment.folded`); the off-CPU one is `X.offcpu.folded`.
-pub fn from_index(hit: &Hit, moment_file: &std::path::Path) -> Option<OffCpuView> {
+pub fn from_index(hit: &IndexedHit, moment_file: &std::path::Path) -> Option<OffCpuView> {
     let name = moment_file.file_name()?.to_str()?;
     let stem = name.strip_suffix(".moment.folded").unwrap_or(name);
+    let o = hit.off_cpu?;
     Some(OffCpuView {
-        from_ns: hit.off_cpu_from_ns?,
+        from_ns: o.off_cpu_from_ns,
         to_ns: hit.ktime_ns,
-        on_cpu_ns: hit.on_cpu_ns?,
-        runnable_ns: hit.runnable_ns?,
-        blocked_ns: hit.blocked_ns?,
+        on_cpu_ns: o.breakdown.on_cpu_ns,
+        runnable_ns: o.breakdown.runnable_ns,
+        blocked_ns: o.breakdown.blocked_ns,
         folded: Vec::new(),
         top: Vec::new(),
         intervals: 0,
@@ -265,14 +266,19 @@ mod tests {
     const RUN: &str = include_str!("testdata/sched_switch.script");
 
     fn hit(tid: u32, from_ns: u64, to_ns: u64) -> OffCpuView {
-        let h = Hit {
+        let h = IndexedHit {
             tid,
             ktime_ns: to_ns,
-            off_cpu_from_ns: Some(from_ns),
-            on_cpu_ns: Some(1),
-            runnable_ns: Some(2),
-            blocked_ns: Some(3),
-            ..Hit::default()
+            off_cpu: Some(crate::perf::offcpu::OffCpu {
+                off_cpu_from_ns: from_ns,
+                breakdown: crate::perf::offcpu::Breakdown {
+                    on_cpu_ns: 1,
+                    runnable_ns: 2,
+                    blocked_ns: 3,
+                },
+                reaches_start: false,
+            }),
+            ..IndexedHit::default()
         };
         from_index(&h, std::path::Path::new("d/perf.data.1.7.moment.folded")).unwrap()
     }
@@ -285,10 +291,7 @@ mod tests {
             o.file,
             std::path::Path::new("d/perf.data.1.7.offcpu.folded")
         );
-        let no = Hit {
-            off_cpu_from_ns: Some(1),
-            ..Hit::default()
-        };
+        let no = IndexedHit::default();
         assert!(from_index(&no, std::path::Path::new("x.moment.folded")).is_none());
     }
 

@@ -131,19 +131,24 @@ fn us(t: u64) -> String {
 mod tests {
     use super::*;
     use crate::{
-        output::runs::Hit,
+        output::index::IndexedHit,
         report::{moments, offcpu::BlockedStack},
     };
 
     fn report() -> HitReport {
-        let hit = Hit {
+        let hit = IndexedHit {
             tid: 7,
             ktime_ns: 100_000_000,
-            off_cpu_from_ns: Some(0),
-            on_cpu_ns: Some(20_000_000),
-            runnable_ns: Some(0),
-            blocked_ns: Some(80_000_000),
-            ..Hit::default()
+            off_cpu: Some(crate::perf::offcpu::OffCpu {
+                off_cpu_from_ns: 0,
+                breakdown: crate::perf::offcpu::Breakdown {
+                    on_cpu_ns: 20_000_000,
+                    runnable_ns: 0,
+                    blocked_ns: 80_000_000,
+                },
+                reaches_start: false,
+            }),
+            ..IndexedHit::default()
         };
         let file = std::path::PathBuf::from("perf.data.1.moment.folded");
         let mut o = offcpu::from_index(&hit, &file).unwrap();

@@ -3,7 +3,7 @@
 //! index), and hit times on the wall clock (from perf's file names).
 
 use super::{Page, model::FileReport};
-use crate::output::runs::{Hit, RunDir};
+use crate::output::{counters::CounterValues, index::IndexedHit, runs::RunDir};
 
 /// One row of the page's "The run" table.
 pub struct RunInfo {
@@ -25,7 +25,7 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
     let tgids: Vec<String> = {
         let mut v: Vec<u32> = files
             .iter()
-            .flat_map(|f| f.entry.hits.iter().map(|h| h.tgid))
+            .flat_map(|f| f.line.snapshot.hits.iter().map(|h| h.tgid))
             .collect();
         v.sort_unstable();
         v.dedup();
@@ -36,10 +36,10 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
         None if !tgids.is_empty() => format!("pid {}", tgids.join(", ")),
         None => "-".into(),
     };
-    let hits: usize = files.iter().map(|f| f.entry.hits.len()).sum();
+    let hits: usize = files.iter().map(|f| f.line.snapshot.hits.len()).sum();
     let slow = files
         .iter()
-        .any(|f| f.entry.hits.iter().any(|h| h.duration_ns.is_some()));
+        .any(|f| f.line.snapshot.hits.iter().any(|h| h.duration_ns.is_some()));
     let function = match crate::output::run_file::trigger_of(&p.out, r) {
         Some(t) => format!("{} in {}: ", t.symbol, t.object.display()),
         None => String::new(),
@@ -64,7 +64,7 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
     };
     let counters = files
         .last()
-        .map(|f| counters(&f.entry.counters))
+        .map(|f| counters(&f.line.counters))
         .unwrap_or_default();
     RunInfo {
         target,
@@ -92,17 +92,13 @@ fn option<'a>(cmd: &'a str, names: &[&str]) -> Option<&'a str> {
     None
 }
 
-fn counters(c: &serde_json::Value) -> String {
-    let n = |k: &str| c[k].as_u64().unwrap_or(0);
-    let dropped: u64 = c["dropped"]
-        .as_object()
-        .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
-        .unwrap_or(0);
+fn counters(c: &CounterValues) -> String {
     format!(
-        "seen {}, accepted {}, dropped {dropped}, lost {}",
-        n("seen"),
-        n("accepted"),
-        n("lost")
+        "seen {}, accepted {}, dropped {}, lost {}",
+        c.seen,
+        c.accepted,
+        c.dropped.total(),
+        c.lost
     )
 }
 
@@ -111,8 +107,8 @@ fn counters(c: &serde_json::Value) -> String {
 /// (`perf.data.YYYYmmddHHMMSScc`), which follows the first hit by
 /// `hit_to_kill_ns` plus perf's switch. So this is the switch time less the
 /// hit's distance from it, to about 10 ms.
-pub fn wall_clock(f: &FileReport, hit: &Hit) -> Option<String> {
-    let stamp = f.entry.file.strip_prefix("perf.data.")?;
+pub fn wall_clock(f: &FileReport, hit: &IndexedHit) -> Option<String> {
+    let stamp = f.line.snapshot.file.strip_prefix("perf.data.")?;
     if stamp.len() != 16 || !stamp.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -127,8 +123,9 @@ pub fn wall_clock(f: &FileReport, hit: &Hit) -> Option<String> {
         tm.tm_min = num(10, 12)? as i32;
         tm.tm_sec = num(12, 14)? as i32;
         let switch_ms = libc::timegm(&mut tm) * 1000 + num(14, 16)? * 10;
-        let first = f.entry.hits.first()?.ktime_ns;
-        let before_ns = f.entry.hit_to_kill_ns.unwrap_or(0) + first.saturating_sub(hit.ktime_ns);
+        let first = f.line.snapshot.hits.first()?.ktime_ns;
+        let before_ns =
+            f.line.snapshot.hit_to_kill_ns.unwrap_or(0) + first.saturating_sub(hit.ktime_ns);
         let ms = switch_ms - (before_ns / 1_000_000) as i64;
         let secs = ms.div_euclid(1000);
         let mut out: libc::tm = std::mem::zeroed();

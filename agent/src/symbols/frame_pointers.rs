@@ -7,10 +7,11 @@
 //! least half of them have it. Leaf functions are left out: gcc's
 //! `-momit-leaf-frame-pointer` drops their frames without breaking a chain.
 
-use std::{fs::File, path::Path};
+use std::path::Path;
 
 use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, Register};
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+
+use crate::symbols::elf::{ElfObject, SymKind, size_in_segment, vaddr_to_offset};
 
 /// Functions sampled per object.
 pub const SAMPLE: usize = 200;
@@ -183,45 +184,33 @@ fn moves_rsp(insn: &iced_x86::Instruction) -> bool {
 
 /// Counts frame set-ups in up to [`SAMPLE`] functions that make calls,
 /// spread evenly over the object's functions (`.symtab`, else `.dynsym`).
-pub fn count_frames(path: &Path) -> std::io::Result<FrameCount> {
-    let file = File::open(path)?;
-    // Read on demand, not mapped: a file truncated underneath gives a short
-    // read, not SIGBUS.
-    let data = object::ReadCache::new(&file);
-    let elf = object::File::parse(&data)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+pub fn count_frames(path: &Path) -> anyhow::Result<FrameCount> {
+    // Opened and read as every other read of a target's file: safely, on
+    // demand and within the size budget (symbols::elf).
+    let elf = ElfObject::open(path)?;
     let mut funcs: Vec<(u64, u64)> = elf
-        .symbols()
-        .chain(elf.dynamic_symbols())
-        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() >= 4)
-        .filter(|s| !s.name().is_ok_and(is_toolchain))
-        .map(|s| (s.address(), s.size()))
+        .symtab()
+        .into_iter()
+        .chain(elf.dynsym())
+        .filter(|s| s.kind == SymKind::Func && s.size >= 4)
+        .filter(|s| !is_toolchain(s.name.split('@').next().unwrap_or(&s.name)))
+        .map(|s| (s.value, s.size))
         .collect();
     funcs.sort_unstable();
     funcs.dedup_by_key(|f| f.0);
-    let segments: Vec<(u64, u64, u64)> = elf
-        .segments()
-        .filter_map(|s| {
-            let (off, len) = s.file_range();
-            Some((s.address(), off, len)).filter(|_| len > 0)
-        })
-        .collect();
-    let body = |addr: u64, size: u64| -> Option<&[u8]> {
-        let (va, off, len) = segments
-            .iter()
-            .find(|(va, _, len)| addr >= *va && addr < va.saturating_add(*len))?;
-        let start = (addr - va).checked_add(*off)?;
-        let n = size.min(va + len - addr);
-        object::ReadRef::read_bytes_at(&data, start, n).ok()
-    };
+    let segments = elf.segments();
     // Every k-th function, then more if too few of those make calls.
     let step = (funcs.len() / (SAMPLE * 2)).max(1);
     let mut count = FrameCount::default();
     for &(addr, size) in funcs.iter().step_by(step) {
-        let Some(bytes) = body(addr, size.min(4096)) else {
+        let Some(offset) = vaddr_to_offset(&segments, addr) else {
             continue;
         };
-        let (frame, calls) = classify(bytes);
+        let bytes = elf.read_at(offset, size_in_segment(&segments, addr, size.min(4096)));
+        if bytes.is_empty() {
+            continue;
+        }
+        let (frame, calls) = classify(&bytes);
         if calls {
             count.sampled += 1;
             count.with_frame += usize::from(frame);

@@ -40,7 +40,6 @@ pub enum Scope {
     InRoot,
     /// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: stays beneath the directory
     /// and follows no symlink. For an output directory.
-    #[allow(dead_code)] // the report command's scope; tested below
     Beneath,
 }
 
@@ -146,7 +145,6 @@ pub fn check_kernel() -> Result<(), crate::error::Failure> {
 pub struct Dir {
     fd: OwnedFd,
     /// How the directory is named in messages, e.g. `/proc/42/root`.
-    #[allow(dead_code)] // for callers' messages (the report command)
     pub label: PathBuf,
 }
 
@@ -173,7 +171,6 @@ impl Dir {
     /// Opens the regular file at `rel` beneath this directory for reading.
     /// For any caller that reads a directory it does not trust, such as
     /// `mt-agent report` on an output directory (with [`Scope::Beneath`]).
-    #[allow(dead_code)] // the report command's entry point; tested below
     pub fn open_file(&self, rel: &Path, scope: Scope) -> Result<Opened, Refused> {
         open_beneath(self.fd.as_fd(), rel, scope, self.label.join(relative(rel)))
     }
@@ -192,14 +189,12 @@ pub struct Opened {
     pub file: File,
     pub meta: std::fs::Metadata,
     /// The path it is named by in messages.
-    #[allow(dead_code)] // for callers' messages (the report command)
     pub label: PathBuf,
 }
 
 impl Opened {
     /// Reads the whole file, refusing one larger than `budget` bytes (for
     /// the small files of a directory read with [`Scope::Beneath`]).
-    #[allow(dead_code)] // the report command's reader; tested below
     /// Reading (not mapping) means a file that shrinks under us gives a
     /// short read, not a SIGBUS.
     pub fn read_all(mut self, budget: u64) -> Result<Vec<u8>, Refused> {

@@ -24,10 +24,8 @@ use mt_agent_tests::*;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
 
-#[path = "../bench_report.rs"]
-mod bench_report;
-#[path = "../bench_switch.rs"]
-mod bench_switch;
+mod context_switches;
+mod report;
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -213,12 +211,12 @@ fn main() {
         Value::Array(Vec::new())
     };
     let report_part = if part("report") {
-        bench_report::run(plan.quick)
+        report::run(plan.quick)
     } else {
         Value::Null
     };
     let switch = if part("switch") {
-        bench_switch::run(plan.quick)
+        context_switches::run(plan.quick)
     } else {
         Value::Null
     };
@@ -240,8 +238,8 @@ fn main() {
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
-    bench_report::print(&report["report"]);
-    bench_switch::print(&report["switch"]);
+    report::print(&report["report"]);
+    context_switches::print(&report["switch"]);
     if let Some(out) = out {
         if let Some(d) = out.parent() {
             let _ = fs::create_dir_all(d);
@@ -261,9 +259,11 @@ fn chrono_date() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// The eBPF object the agent embeds, from the agent's build directory.
+/// The bench's own eBPF object (the floor program), from the agent's build
+/// directory, where agent/build.rs puts it beside the object the agent
+/// embeds.
 fn ebpf_object() -> PathBuf {
-    if let Some(p) = std::env::var_os("MT_AGENT_EBPF_OBJECT") {
+    if let Some(p) = std::env::var_os("MT_AGENT_BENCH_EBPF_OBJECT") {
         return PathBuf::from(p);
     }
     let build = agent_bin().parent().unwrap().join("build");
@@ -271,10 +271,10 @@ fn ebpf_object() -> PathBuf {
         .expect("the agent's build directory")
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("mt-agent-"))
-        .map(|e| e.path().join("out/mt-agent-ebpf"))
+        .map(|e| e.path().join("out/mt-agent-bench-ebpf"))
         .filter(|p| p.is_file())
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
-        .expect("mt-agent-ebpf in the agent's build directory (build mt-agent first)")
+        .expect("mt-agent-bench-ebpf in the agent's build directory (build mt-agent first)")
 }
 
 /// Mounts tracefs for `perf probe` if it is not mounted; unmounts on drop.

@@ -1,4 +1,4 @@
-//! The bench's switch part: what the off-CPU breakdown costs per context
+//! The bench's `switch` part: what the off-CPU breakdown costs per context
 //! switch. `offcpu pingpong S` (tests/targets/offcpu.c) passes a byte between
 //! two threads pinned to one CPU for S seconds (5 s, 2 s with `--quick`) and
 //! prints ns per switch (each hand-off is one switch). Setups, interleaved
