@@ -6,8 +6,12 @@ use clap::Parser as _;
 
 use mt_agent::{
     commands,
+    error::ExitCode,
     error::{Failure, failure_of},
-    flags::defs::{Cli, Command},
+    flags::{
+        self,
+        defs::{Cli, Command, Generated},
+    },
     output::events::Printer,
     report,
 };
@@ -17,14 +21,14 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Some(Command::Symbols(_) | Command::Check(_) | Command::Report(_))
+        Some(Command::Symbols(_) | Command::Check(_) | Command::Report(_) | Command::Generate(_))
     ) {
         default_sigpipe();
     }
     let (json, verbose) = match &cli.command {
         None => (cli.run.json, cli.run.verbose),
         Some(Command::Symbols(a)) => (a.json, false),
-        Some(Command::Check(_)) => (false, false),
+        Some(Command::Check(_) | Command::Generate(_)) => (false, false),
         Some(Command::Report(a)) => (a.json, false),
     };
     if verbose {
@@ -44,6 +48,7 @@ fn main() -> std::process::ExitCode {
         Some(Command::Symbols(args)) => commands::symbols::run(&args),
         Some(Command::Check(args)) => commands::check::run(&args),
         Some(Command::Report(args)) => report::run(&args),
+        Some(Command::Generate(args)) => Ok(generate(args.what)),
     };
     let code = match result {
         Ok(code) => code,
@@ -56,6 +61,14 @@ fn main() -> std::process::ExitCode {
         }
     };
     std::process::ExitCode::from(code as u8)
+}
+
+/// `mt-agent generate`: documentation from the options' definitions.
+fn generate(what: Generated) -> ExitCode {
+    match what {
+        Generated::ReadmeOptions => print!("{}", flags::doc::readme_options()),
+    }
+    ExitCode::Ok
 }
 
 /// Restores SIGPIPE's default action (Rust's runtime ignores it), for the

@@ -1,5 +1,5 @@
 //! `cargo xtask bench [--quick] [--only PART]`: builds in release mode and runs the bench
-//! harness (`tests/src/bin/bench.rs`) as root. It prints Markdown tables and
+//! harness (`tests/src/bin/bench/main.rs`) as root. It prints Markdown tables and
 //! writes every raw figure to `target/bench/latest.json`. The report part's
 //! anchor needs inferno's binaries: installed here when missing.
 

@@ -421,7 +421,7 @@ pub fn check(src: &Path) -> anyhow::Result<Findings> {
             &m.file.strip_prefix(src)?.display().to_string(),
         ));
     }
-    f.longest.sort_by(|a, b| b.0.cmp(&a.0));
+    f.longest.sort_by_key(|l| std::cmp::Reverse(l.0));
     f.folder_edges = edges;
     f.problems = problems;
     Ok(f)

@@ -6,11 +6,13 @@
 //! * `dist`: the static musl release tarball, reproducibly.
 //! * `bench [--quick] [--only PART]`: overhead, latency, storm and time to armed, as tables.
 //! * `fuzz [--seconds N] [--seed S]`: malformed ELF files and names, for N seconds.
+//! * `docs`: the README's option table, generated from the options' definitions.
 //! * `layout`: the layout rules of `agent/src` checked, and its figures.
 
 mod bench;
 mod demo;
 mod dist;
+mod docs;
 mod fuzz;
 mod layout;
 mod setup;
@@ -67,6 +69,8 @@ enum Task {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Generate the README's option table from the options' definitions.
+    Docs,
     /// Check agent/src's layout (stages, import circles, `//!` lines) and
     /// that no file names a missing file; print the figures.
     Layout,
@@ -96,6 +100,7 @@ fn main() -> std::process::ExitCode {
         Task::Bench { quick, only } => bench::bench(quick, only.as_deref()),
         Task::Fuzz { seconds, seed } => fuzz::fuzz(seconds, seed),
         Task::Layout => layout::layout(),
+        Task::Docs => docs::docs(),
         Task::Dist { target_dir, out } => {
             dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())
         }

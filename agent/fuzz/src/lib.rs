@@ -595,14 +595,14 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Self(seed | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 }
 
@@ -636,7 +636,7 @@ pub fn mutate(rng: &mut Rng, input: &[u8], fields: &[Field], donor: &[u8]) -> Ve
             }
             1 => {
                 let i = rng.below(v.len());
-                v[i] = rng.next() as u8;
+                v[i] = rng.next_u64() as u8;
             }
             2 | 3 => {
                 // A header field (of the seed's layout) set to an edge value.
@@ -661,7 +661,7 @@ pub fn mutate(rng: &mut Rng, input: &[u8], fields: &[Field], donor: &[u8]) -> Ve
             _ => {
                 let i = rng.below(v.len());
                 let n = rng.below(64);
-                v.splice(i..i, std::iter::repeat_n(rng.next() as u8, n));
+                v.splice(i..i, std::iter::repeat_n(rng.next_u64() as u8, n));
             }
         }
     }

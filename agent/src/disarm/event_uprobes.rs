@@ -131,6 +131,11 @@ impl EventUprobes {
         self.kept.len()
     }
 
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
     /// Puts the breakpoints in, the return probes first and the entry
     /// last: an entry seen then has its returns watched. On an error, none
     /// is in.

@@ -24,11 +24,12 @@ and the probe stays attached, so one run captures many moments.
 Filters run in the kernel, in this order: --tid, --when, --slower-than, --every,
 --max-rate, --cooldown. A rejected call costs no wakeup and no userspace work.
 
-Threads, forks and exec: a call in any thread of the target counts. Children
-forked by the target do not trigger, because the uprobe is scoped to the
-target's address space; perf's -p does follow them, so their samples can still
-appear in snapshots. If the target execs a new image, the probe (bound to the
-old file) stops firing; mt-agent notices within 1 s, reports it, and ends.
+Threads, forks and exec: a call in any thread of the target counts. With
+--pid, a call in a process forked from the target after mt-agent attached
+counts too, and switches the target's perf, which records that child already
+(--no-follow-forks: only the target's own calls). If the target execs a new
+image, the probe (bound to the old file) stops firing; mt-agent notices within
+1 s, reports it, and ends.
 
 Snapshots and OUT/snapshots.jsonl, which indexes them, go to --output.";
 
@@ -74,6 +75,25 @@ pub enum Command {
     Check(CheckArgs),
     /// Write a run's report: each hit's moment as flame graphs in one page.
     Report(ReportArgs),
+    /// Print documentation generated from these definitions (for
+    /// `cargo xtask docs`).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// Options of the hidden `mt-agent generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// What to print.
+    #[arg(value_enum)]
+    pub what: Generated,
+}
+
+/// What `mt-agent generate` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generated {
+    /// The README's option table ([`super::doc::readme_options`]).
+    ReadmeOptions,
 }
 
 /// Options of a capture run (the default command).
@@ -89,8 +109,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_targets: Option<u64>,
 
-    /// Several triggers from a TOML file (see the README); what the systemd
-    /// unit runs. Trigger options (--symbol, --when, --cooldown, ...) go in
+    /// Several triggers from a TOML file (GUIDE.md, "Deploying to a fleet");
+    /// what the systemd unit runs. Trigger options (--symbol, --when, --cooldown, ...) go in
     /// the file; run options given here (--output, --event, --freq, --keep,
     /// --perf, --max-targets, --flight-recorder, --continuous,
     /// --flight-ring, --max-disk, extra perf arguments) override the file's.
@@ -106,7 +126,7 @@ pub struct RunArgs {
 
     /// Output directory. Created mode 0700; an existing one must be empty,
     /// yours and not writable by others.
-    /// [default: ./mt-agent-<pid or exe name>-<local time>]
+    /// [default: ./mt-agent-<pid or exe name>-<YYYYmmdd-HHMMSS>]
     #[arg(long, short = 'o', value_name = "DIR")]
     pub output: Option<PathBuf>,
 
@@ -114,7 +134,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Forward the eBPF program's log records (aya-log) and print more detail.
+    /// Forward the eBPF program's log records (aya-log), show perf's
+    /// messages and print more detail.
     #[arg(long, short = 'v')]
     pub verbose: bool,
 
@@ -132,7 +153,8 @@ pub struct RunArgs {
     #[arg(long, short = 'e', value_name = "EVENT")]
     pub event: Option<String>,
 
-    /// Sampling frequency, in Hz. [default: 999]
+    /// Sampling frequency, in Hz; above the kernel's
+    /// `kernel.perf_event_max_sample_rate` it is refused. [default: 999]
     #[arg(long, short = 'F', value_name = "HZ")]
     pub freq: Option<u32>,
 
@@ -165,12 +187,13 @@ pub struct RunArgs {
     pub continuous: bool,
 
     /// Size of each of perf's flight-recorder rings (one per CPU), e.g.
-    /// 512K, 2M; rounded up to a power of two pages. [default: 2M]
+    /// 512K, 2M; rounded up to a power of two pages. [default: 2M, or 16M
+    /// when stacks are unwound with DWARF]
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub flight_ring: Option<u64>,
 
     /// Keep at most this much in the output directory (e.g. 500M, 2G): the
-    /// oldest snapshots are deleted first.
+    /// oldest snapshots are deleted first, and indexed as `deleted`.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_disk: Option<u64>,
 
@@ -185,11 +208,13 @@ pub struct RunArgs {
     pub debug_reader_delay: Option<Duration>,
 
     /// When the run ends, write its report (OUT/report.html), as
-    /// `mt-agent report OUT` would.
+    /// `mt-agent report OUT` would, and print `report: PATH` (or a `report`
+    /// JSON event).
     #[arg(long)]
     pub report: bool,
 
-    /// Extra arguments for `perf record`, after `--`.
+    /// Extra arguments for `perf record`, after `--`. Those that would break
+    /// the agent (such as -q, -o, --threads, -p, -a) are refused.
     #[arg(last = true, value_name = "PERF_ARGS")]
     pub perf_args: Vec<String>,
 }
@@ -229,7 +254,8 @@ pub struct TriggerOptions {
     pub symbol: Option<String>,
 
     /// Search only this mapped object: a path, or a file name such as
-    /// `libsqlite3`.
+    /// `libsqlite3`. A PATH the process has not mapped yet is probed at
+    /// once, in the file itself.
     #[arg(long, value_name = "PATH|NAME")]
     pub object: Option<String>,
 
@@ -245,7 +271,8 @@ pub struct TriggerOptions {
     pub address: Option<u64>,
 
     /// Least time between two accepted hits. Hits sooner are counted and
-    /// dropped in the kernel. 0 disables it.
+    /// dropped in the kernel. 0 disables it. With --pid, the uprobes are
+    /// taken out of the target's code while it runs (see --always-armed).
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_COOLDOWN, value_parser = duration_text)]
     pub cooldown: Option<String>,
 
@@ -267,9 +294,10 @@ pub struct TriggerOptions {
     #[serde(default)]
     pub use_uretprobe: bool,
 
-    /// Keep the uprobes attached during cooldowns, so that `seen` counts
-    /// every call. By default a `--pid` trigger's uprobes are detached from
-    /// an accepted hit until its cooldown ends.
+    /// Keep the uprobes attached during cooldowns (and --max-rate
+    /// intervals), so that `seen` counts every call. By default a `--pid`
+    /// trigger's uprobes are detached from an accepted hit until its
+    /// cooldown ends.
     #[arg(long)]
     #[serde(default)]
     pub always_armed: bool,
@@ -309,6 +337,8 @@ pub struct TriggerOptions {
     pub tids: Vec<u32>,
 
     /// Accept at most R hits per second (token bucket, burst 1), e.g. `10/s`.
+    /// With --pid and a cooldown, the uprobes are out of the code for 1/R
+    /// after a hit when that is longer than the cooldown.
     #[arg(long, value_name = "R/s", value_parser = rate_text)]
     pub max_rate: Option<String>,
 
@@ -322,7 +352,8 @@ pub struct TriggerOptions {
     pub max_snapshots: Option<u64>,
 
     /// If the symbol is not mapped yet (a library still to be dlopen'ed),
-    /// poll the target's mappings for up to this long.
+    /// poll the target's mappings for up to this long. A process younger
+    /// than 1 s gets 1 s without it.
     // Listed after --address in --help (17 is --address's place).
     #[arg(long, value_name = "DURATION", value_parser = duration_text, display_order = 17)]
     pub wait_for_symbol: Option<String>,

@@ -305,7 +305,7 @@ pub enum IndexLine<'a> {
     /// `--keep`, or `--max-disk`).
     Deleted(Deleted),
     /// A completed snapshot.
-    Snapshot(SnapshotLine<'a>),
+    Snapshot(Box<SnapshotLine<'a>>),
 }
 
 /// A completed snapshot's line: the snapshot's fields, then the kernel's
@@ -380,12 +380,12 @@ impl Index {
         merged: u64,
         disarm: Option<DisarmCounters>,
     ) -> io::Result<()> {
-        self.line(&IndexLine::Snapshot(SnapshotLine {
+        self.line(&IndexLine::Snapshot(Box::new(SnapshotLine {
             snapshot: Cow::Borrowed(snapshot),
             counters,
             merged,
             disarm,
-        }))
+        })))
     }
 
     /// Appends a line saying a listed file was deleted (perf's
@@ -492,12 +492,12 @@ mod tests {
         assert_eq!(
             back,
             [
-                IndexLine::Snapshot(SnapshotLine {
+                IndexLine::Snapshot(Box::new(SnapshotLine {
                     snapshot: Cow::Owned(snap.clone()),
                     counters: Default::default(),
                     merged: 0,
                     disarm: None,
-                }),
+                })),
                 IndexLine::Deleted(Deleted::new("perf.data.1")),
             ]
         );
@@ -538,7 +538,7 @@ mod tests {
                 reaches_start: false,
             }),
         };
-        let line = IndexLine::Snapshot(SnapshotLine {
+        let line = IndexLine::Snapshot(Box::new(SnapshotLine {
             snapshot: Cow::Owned(Snapshot {
                 kind: SnapshotKind::Hit,
                 file: "perf.data.2".into(),
@@ -564,7 +564,7 @@ mod tests {
                 cycles: 4,
                 disarmed_ns: 8,
             }),
-        });
+        }));
         let text = serde_json::to_string(&line).unwrap();
         assert_eq!(IndexLine::parse(&text), Some(line));
         // A line without the optional parts still reads.

@@ -121,7 +121,7 @@ pub fn read_index(out: &Path, rel: &Path) -> io::Result<RunDir> {
             Some(IndexLine::Deleted(d)) => {
                 run.deleted.insert(d.file);
             }
-            Some(IndexLine::Snapshot(s)) if safe_name(&s.snapshot.file) => run.entries.push(s),
+            Some(IndexLine::Snapshot(s)) if safe_name(&s.snapshot.file) => run.entries.push(*s),
             _ => run.bad_lines += 1,
         }
     }
