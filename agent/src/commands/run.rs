@@ -654,6 +654,19 @@ fn plan_returns(
             offset: res.attach_offset,
         }]);
     }
+    let offsets = ret_offsets(res, printer)?;
+    Ok(offsets
+        .into_iter()
+        .map(|offset| Uprobe {
+            program: Program::Return,
+            offset,
+        })
+        .collect())
+}
+
+/// The file offsets of a function's `ret` instructions, its `.cold` part
+/// included; a warning names the exits no probe sees.
+fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure> {
     let f = &res.function;
     let cold_range: Vec<(u64, u64)> = res
         .cold
@@ -689,13 +702,7 @@ fn plan_returns(
             f.demangled
         ));
     }
-    Ok(offsets
-        .into_iter()
-        .map(|offset| Uprobe {
-            program: Program::Return,
-            offset,
-        })
-        .collect())
+    Ok(offsets)
 }
 
 /// CPU time this process has used (user + system, all threads), seconds.
