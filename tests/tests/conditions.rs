@@ -234,7 +234,7 @@ fn max_rate_is_a_token_bucket() {
     // The storm calls for about 2 s, so the gate opens about 20 times; how
     // many exactly depends on how the machine schedules the storm, so only a
     // loose floor is checked here. The spacing below is the gate's promise;
-    // exact counts are in the kernel-filter tests (agent/src/probe/kernel_tests.rs).
+    // exact counts are in the kernel-filter tests (agent/tests/kernel.rs).
     assert!(accepted >= 2, "accepted {accepted}: {c}");
     assert!(n(&c["dropped"]["rate"]) > accepted, "{c}");
     assert_counts_add_up(&run);

@@ -87,6 +87,7 @@ fn the_tarball_holds_a_static_binary_and_the_units() {
         "mt-agent.toml",
         "daemonset.yaml",
         "README.md",
+        "GUIDE.md",
         "LICENSE",
     ] {
         assert!(top.join(f).is_file(), "{f} missing from the tarball");

@@ -37,6 +37,7 @@ const EXTRA: &[(&str, &str, u32)] = &[
     ("packaging/mt-agent.toml", "mt-agent.toml", 0o644),
     ("packaging/daemonset.yaml", "daemonset.yaml", 0o644),
     ("README.md", "README.md", 0o644),
+    ("GUIDE.md", "GUIDE.md", 0o644),
     ("LICENSE", "LICENSE", 0o644),
 ];
 

@@ -13,7 +13,7 @@
 //!
 //! so `perf --buildid-dir OUT/.debug script -i SNAPSHOT` finds each object
 //! by the build-id that perf recorded in the snapshot's MMAP2 events
-//! (`--buildid-mmap`, see perf.rs). The links are relative: OUT can
+//! (`--buildid-mmap`, see perf/record.rs). The links are relative: OUT can
 //! be moved.
 //!
 //! Objects are copied, never hard-linked: perf's own `buildid-cache -a`

@@ -98,8 +98,8 @@ struct Timed {
     warm_ns: u64,
 }
 
-/// Until measured, how long an arm takes once warm, ns (25 µs-1 ms here,
-/// docs/disarming.md).
+/// Until measured, how long an arm takes once warm, ns (docs/disarming.md,
+/// "Re-arming on time").
 const PRIOR_WARM_ARM_NS: u64 = 500_000;
 
 /// The quantile of the recent warm arms that sets how early an arm starts:
@@ -374,9 +374,10 @@ impl Drop for ArmingThread {
 /// in nice steps (so -5 for an agent at nice 0; an agent an operator
 /// niced to 10 gets 5). The driver hands a hit's disarm over right after
 /// the hit's `kill()`, which wakes perf too; at the agent's own nice the
-/// thread then often waited behind perf's switch-output work, 2 ms at p50,
-/// with the probes still in (docs/disarming.md). Its work is short (a
-/// close or an open, 0.03-1 ms), so it takes little from others.
+/// thread then often waited behind perf's switch-output work, with the
+/// probes still in. Its work is short (a close or an open), so it takes
+/// little from others (docs/disarming.md, "Handing the disarm over at
+/// once").
 const NICE_BELOW: libc::c_int = 5;
 
 /// The next piece of work, or Some(None) at `deadline` (CLOCK_MONOTONIC

@@ -208,8 +208,8 @@ impl DisarmCycle {
 /// here: docs/disarming.md).
 pub const PRIOR_DETACH_NS: u64 = 130_000_000;
 pub const PRIOR_ATTACH_NS: u64 = 20_000_000;
-/// The same for a switch's detach: closing one perf event per uprobe,
-/// 0.05-4 ms measured here (docs/disarming.md), rounded up.
+/// The same for event uprobes' detach: closing one perf event per uprobe
+/// (docs/disarming.md, "The fast way"), rounded up.
 pub const EVENTS_PRIOR_DETACH_NS: u64 = 5_000_000;
 
 /// How long the probes take to go out and come back: the median of the
@@ -229,9 +229,8 @@ pub const RECENT: usize = 8;
 /// that takes longer than the lead is late by the difference (calls the
 /// cooldown would let through are not seen meanwhile); one that takes less
 /// puts the probes in early (those calls trap, and the kernel's cooldown
-/// drops them). The slowest of the last 8 (q = 1) kept the probes in ~5 ms
-/// early on average at a 100 ms cooldown here, 5% of the target's time in
-/// a storm; docs/disarming.md has the measurements.
+/// drops them). The slowest of the last 8 (q = 1) kept the probes in too
+/// early; docs/disarming.md ("Re-arming on time") has the measurements.
 pub const LEAD_QUANTILE: f64 = 0.75;
 
 /// How early to ask for an attach: the [`LEAD_QUANTILE`] of the recent

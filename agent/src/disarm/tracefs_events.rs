@@ -3,18 +3,18 @@
 //!
 //! Why not only the `uprobe` PMU (what aya uses): a PMU uprobe is its own
 //! trace event, so closing its perf event unregisters the uprobe and waits
-//! for RCU grace periods under the kernel's `event_mutex`, ~80-130 ms here
-//! (docs/disarming.md). A tracefs event is shared: while one perf event
+//! for RCU grace periods under the kernel's `event_mutex` (measured in
+//! docs/disarming.md, "In short"). A tracefs event is shared: while one perf event
 //! keeps it registered, opening another perf event for a process only
 //! installs the breakpoints in that process, and closing it only removes
 //! them (`uprobe_perf_open()` / `uprobe_perf_close()` in
 //! kernel/trace/trace_uprobe.c; `perf_trace_event_unreg()` in
 //! kernel/trace/trace_event_perf.c returns early while `perf_refcount` is
-//! not zero). Measured here: a close in 0.05-4 ms, an open in 4-20 ms.
+//! not zero). docs/disarming.md has what a close and an open take.
 //!
 //! The events of one agent are in the group `mt_agent_<pid>`: the agent
 //! deletes them at the end, a reaper process does if the agent is killed
-//! (reaper.rs), and the next agent that disarms deletes the groups of
+//! (tracefs_reaper.rs), and the next agent that disarms deletes the groups of
 //! agents that are gone ([`remove_stale`]).
 
 use std::{

@@ -28,10 +28,10 @@ use nix::{
 };
 
 /// How the child retries the delete: the dying agent's last perf event
-/// on a uprobe event unregisters it, which waits for RCU grace periods
-/// (~0.1 s here), so every 40 ms for 10 s; then every second, up to 10
-/// minutes in all, for a grace period held up by a starved CPU (60 s+
-/// seen here, docs/disarming.md).
+/// on a uprobe event unregisters it, which waits for RCU grace periods, so
+/// every 40 ms for 10 s; then every second, up to 10 minutes in all, for a
+/// grace period held up by a starved CPU (docs/disarming.md, "Detaching off
+/// the agent's exit", has both waits).
 const FAST_RETRIES: u32 = 250;
 const RETRIES: u32 = FAST_RETRIES + 590;
 const FAST_RETRY_NS: libc::c_long = 40_000_000;

@@ -38,7 +38,7 @@ Exit codes:
   0  normal end (target exited, a limit was reached, SIGINT/SIGTERM/SIGHUP)
   2  bad usage or input (unknown pid or symbol, bad option, output directory)
   3  the environment is missing something (privileges, perf, kernel support)
-  4  runtime failure (perf died, disk full)
+  4  runtime failure (perf died, disk full, symbol resolution past its time budget)
 
 Examples:
   sudo mt-agent --pid 4242 --symbol handle_request

@@ -3,8 +3,8 @@
 //!
 //! JSON events have an `"event"` field: `armed`, `hit_accepted`, `snapshot`,
 //! `target_started`, `target_finished` (for `exe` triggers), `warning`,
-//! `summary`, `error`. Their fields are part of mt-agent's interface (README,
-//! "JSON events").
+//! `summary`, `error`. Their fields are part of mt-agent's interface
+//! (GUIDE.md, "JSON events").
 
 use std::{
     io::{self, Write},
@@ -125,7 +125,8 @@ pub struct Summary {
     pub unrecorded_hits: u64,
     /// Processes of an `--exe` beyond `--max-targets`, not recorded.
     pub extra_processes: u64,
-    /// Probes detached during cooldowns (README, "Disarming").
+    /// Probes detached during cooldowns (GUIDE.md, "Disarming during a
+    /// cooldown").
     pub disarm: crate::output::events::DisarmSummary,
 }
 

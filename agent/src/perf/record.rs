@@ -145,7 +145,7 @@ impl PerfSpec {
             format!("fd:{ctl_fd},{ack_fd}").into(),
             // Build-ids in the MMAP2 events (kernel 5.12+): --switch-output
             // turns off perf's own build-id collection, and the report finds
-            // each object by build-id in OUT/.debug (see symcache.rs).
+            // each object by build-id in OUT/.debug (see capture/build_id_cache.rs).
             "--buildid-mmap".into(),
         ]);
         if let Some(n) = self.keep {
@@ -264,14 +264,15 @@ fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command 
                 }
             }
             libc::signal(libc::SIGUSR2, libc::SIG_IGN);
-            // perf (and its threads) under `SCHED_BATCH`: the same share of the CPU as before, but its
-            // wake-ups do not preempt the running task (`check_preempt_wakeup_fair()`
-            // in kernel/sched/fair.c; sched(7)). perf wakes at each hit's SIGUSR2, and
-            // it used to take the driver's CPU for its ~5 ms of switch-output work
-            // right after the `kill()`, before the driver could have the trigger's
-            // probes taken out: the target trapped meanwhile (docs/disarming.md). A
-            // hit's wake-up of the driver still preempts perf. Best effort: a failure
-            // leaves perf as it was.
+            // perf (and its threads) under `SCHED_BATCH`: the same share of
+            // the CPU, but its wake-ups do not preempt the running task
+            // (`check_preempt_wakeup_fair()` in kernel/sched/fair.c;
+            // sched(7)). perf wakes at each hit's SIGUSR2, and it used to
+            // take the driver's CPU for its switch-output work right after
+            // the `kill()`, before the driver could have the trigger's
+            // probes taken out: the target trapped meanwhile
+            // (docs/disarming.md, "Handing the disarm over at once"). A
+            // hit's wake-up of the driver still preempts perf. Best effort.
             crate::sys::sched::set_batch();
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) == -1 {
                 return Err(io::Error::last_os_error());

@@ -90,7 +90,7 @@ pub const DEFAULT_FLIGHT_RING: u64 = 2 << 20;
 
 /// Chooses the recording mode: `--continuous`/`--flight-recorder` (or the
 /// config's `recording`) win; otherwise `--pid` runs record continuously and
-/// `--exe` and `--config` runs use the flight recorder (README, "Recording").
+/// `--exe` and `--config` runs use the flight recorder (GUIDE.md, "Recording").
 fn recording_mode(
     flight: bool,
     continuous: bool,

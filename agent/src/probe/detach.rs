@@ -40,8 +40,8 @@ use nix::{
 use crate::sys::child;
 
 /// How long a caller waits for a child to close what it holds: far beyond
-/// the ~0.1 s a uprobe's detach takes here (docs/disarming.md), even with a
-/// few dozen `ret` probes.
+/// what a uprobe's detach takes (docs/disarming.md, "Measured here: the
+/// slow way"), even with a few dozen `ret` probes.
 pub const WAIT: Duration = Duration::from_secs(5);
 
 /// One fork at a time: a child must not inherit another child's pipe.

@@ -14,11 +14,11 @@
 //!   1 GiB holds libc, libstdc++, libLLVM (112 MiB) and the debug files of
 //!   most programs; a larger file (the 2 GiB debug file of a browser) is
 //!   skipped at once with a warning naming it.
-//! * Time: 10 s by default (`MT_AGENT_SYMBOLS_SECONDS`). Resolving a symbol
-//!   in a process that maps libLLVM (46,000 dynamic symbols) takes 1.1 s
-//!   here in a release build; one that has not ended after 10 s is facing
-//!   something unusual (ten million symbols, many large libraries) and
-//!   stops with one line naming the file it was reading. The budget is
+//! * Time: 10 s by default (`MT_AGENT_SYMBOLS_SECONDS`), several times what
+//!   resolving a symbol in a process that maps libLLVM takes
+//!   (docs/safe-open.md, "Reading, not mapping"); one that has not ended
+//!   after 10 s is facing something unusual (ten million symbols, many
+//!   large libraries) and stops with one line naming the file it was reading. The budget is
 //!   checked between reads, so it does not interrupt a read the kernel
 //!   blocks on.
 //!

@@ -3,16 +3,17 @@
 //!
 //! How the kernel handles the probed instruction decides the cost of a hit
 //! (arch/x86/kernel/uprobes.c, `branch_setup_xol_ops` and
-//! `push_setup_xol_ops`). Figures are the "floor" row of `cargo xtask bench`
-//! on our machines (an empty eBPF program, perf record sampling the target;
-//! README, Benchmarks); `docs/uprobe-cost.md` has lower figures
-//! counted with `perf stat` alone, in the same order:
-//! * a 5-byte NOP (`0f 1f 44 00 00`) can take the optimized path (~0.8 µs);
+//! `push_setup_xol_ops`), cheapest first; the costs are the "floor" row of
+//! `cargo xtask bench` (BENCHMARKS.md, "Per-hit overhead": an empty eBPF
+//! program, perf record sampling the target; [`ProbeCost::approx_ns`] is
+//! what the agent prints), and `docs/uprobe-cost.md` counts them with
+//! `perf stat` alone:
+//! * a 5-byte NOP (`0f 1f 44 00 00`) can take the optimized path;
 //! * `push reg`, NOPs, and relative `jmp`, `call` and `jcc` are emulated: no
-//!   single-step (~1.1 µs for `push`);
+//!   single-step;
 //! * anything else, `ret` included, is single-stepped out of line: a second
-//!   trap (~6 µs; the bench's `--slower-than` row, a uprobe on a `ret`, costs
-//!   the same).
+//!   trap (the bench's `--slower-than` row, a uprobe on a `ret`, costs the
+//!   same).
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, Instruction, Mnemonic, NasmFormatter,
@@ -34,7 +35,7 @@ pub enum ProbeCost {
 
 impl ProbeCost {
     /// Approximate cost per hit on our machines, ns: the bench's floor
-    /// (README, Benchmarks).
+    /// (BENCHMARKS.md, "Per-hit overhead"), rounded.
     pub fn approx_ns(self) -> u64 {
         match self {
             ProbeCost::Nop5 => 800,

@@ -1,5 +1,5 @@
 //! Attaching a loaded uprobe program without aya's `&mut` program handle,
-//! so that a thread other than the driver can do it (armer.rs).
+//! so that a thread other than the driver can do it (disarm/arming_thread.rs).
 //!
 //! The same two system calls aya 0.14 makes for a uprobe
 //! (`aya::sys::perf_event_open_probe` and `perf_attach`):

@@ -171,11 +171,11 @@ pub fn print(r: &Value) {
         format!("median of {}", r["rounds"])
     };
     println!(
-        "\n### Context switches: ns per switch, two threads ping-pong a byte on one CPU ({} s, {runs})\n",
+        "\n### Context switches: ns per context switch, two threads ping-pong a byte on one CPU ({} s, {runs})\n",
         r["seconds"]
     );
     println!(
-        "| setup | ns per switch | above no agent (ns) | ÷ no agent | perf CPU (s) | OUT (MB) |"
+        "| setup | ns per context switch | above no agent (ns) | ÷ no agent | perf CPU (s) | OUT (MB) |"
     );
     println!("|---|---|---|---|---|---|");
     for row in r["rows"].as_array().into_iter().flatten() {
