@@ -41,7 +41,7 @@ fn bench_quick_runs_every_part() {
         "Waiting: a busy 2-thread target",
         "Stacks: frame pointers vs DWARF",
         "Report: `mt-agent report` against the anchor pipeline",
-        "Context switches: ns per switch",
+        "Context switches: ns per context switch",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
