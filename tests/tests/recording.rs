@@ -169,3 +169,92 @@ fn max_disk_keeps_the_newest_snapshots_within_the_budget() {
     let newest = listed.last().unwrap();
     assert!(!deleted.contains(newest), "the newest snapshot was deleted");
 }
+
+/// The kernel's records in a snapshot: perf's `MMAP` of
+/// `[kernel.kallsyms]_text` and any `KSYMBOL`s, from `perf script
+/// -D`, perf's dump of every record (the part of the line after the file
+/// offset).
+fn kernel_records(file: &std::path::Path) -> Vec<String> {
+    let out = std::process::Command::new(perf_bin().expect("perf"))
+        .args(["script", "-D", "-i"])
+        .arg(file)
+        .output()
+        .expect("perf script");
+    assert!(
+        out.status.success(),
+        "perf script: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            (l.contains("PERF_RECORD_MMAP") && l.contains("kernel.kallsyms"))
+                || l.contains("PERF_RECORD_KSYMBOL")
+        })
+        .map(|l| {
+            l.split_once("PERF_RECORD")
+                .map_or(l, |(_, r)| r)
+                .trim()
+                .to_string()
+        })
+        .collect()
+}
+
+/// One capture of two hits, perf reading `kallsyms` (`copy` or `proc`):
+/// the first hit snapshot's kernel records.
+fn kernel_records_reading(kallsyms: &str) -> Vec<String> {
+    let mut t = Target::start(&target_path("target"), &["calls", "2", "100"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start_with(
+        &[
+            "--pid",
+            &pid,
+            "--symbol",
+            "trigger",
+            "--cooldown",
+            "0",
+            "--json",
+        ],
+        |c| {
+            if kallsyms == "proc" {
+                c.env("MT_AGENT_PERF_KALLSYMS", "proc");
+            }
+        },
+    );
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(30));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let armed: serde_json::Value = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .find(|v: &serde_json::Value| v["event"] == "armed")
+        .expect("an armed event");
+    assert_eq!(armed["perf_kallsyms"], kallsyms, "{}", run.output());
+    let hit = run.entries("hit")[0]["file"].as_str().unwrap().to_string();
+    kernel_records(&run.out.join(hit))
+}
+
+/// perf reads a copy of `/proc/kallsyms` with only the lines its record side
+/// uses (perf/kallsyms.rs, docs/perf-kallsyms.md): what it writes of the
+/// kernel must be what it writes reading the real file, and the copy's name
+/// must be gone.
+#[test]
+fn perf_reading_the_kallsyms_copy_writes_the_kernel_records_it_writes_from_the_real_file() {
+    let copied = kernel_records_reading("copy");
+    let real = kernel_records_reading("proc");
+    assert!(
+        copied.iter().any(|l| l.contains("[kernel.kallsyms]_text")),
+        "no kernel MMAP record: {copied:?}"
+    );
+    assert_eq!(copied, real, "the kernel's records differ");
+    let left: Vec<_> = fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".mt-agent-kallsyms"))
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}

@@ -294,6 +294,9 @@ pub struct Shared {
     pub keeper: Option<Arc<Mutex<Keeper>>>,
     /// Each trigger's disarming so far, for the index.
     pub disarm: Arc<crate::disarm::cycle::Board>,
+    /// What perf reads as `/proc/kallsyms` (perf/kallsyms.rs); `None`: the
+    /// real file.
+    pub kallsyms: Option<Arc<crate::perf::kallsyms::KallsymsCopy>>,
 }
 
 impl Recorder {
@@ -314,6 +317,7 @@ impl Recorder {
             counters,
             keeper,
             disarm,
+            kallsyms,
         } = shared;
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
@@ -330,7 +334,7 @@ impl Recorder {
             ..spec.clone()
         };
         let spawned = Instant::now();
-        let mut perf = crate::perf::record::PerfProcess::spawn(&spec)
+        let mut perf = crate::perf::record::PerfProcess::spawn(&spec, kallsyms.as_deref())
             .map_err(|e| Failure::runtime(format!("starting perf: {e:#}")))?;
         // perf answers only from its main loop: an ack means SIGUSR2 works.
         let _ = perf.ping();
@@ -377,6 +381,12 @@ impl Recorder {
     /// perf's pid.
     pub fn perf_pid(&self) -> i32 {
         self.perf.pid().as_raw()
+    }
+
+    /// Whether this recorder's perf reads the small copy of
+    /// `/proc/kallsyms` (perf/kallsyms.rs).
+    pub fn kallsyms_copied(&self) -> bool {
+        self.perf.kallsyms_copied()
     }
 
     /// Whether perf is ready: from then on, hits go to the state machine

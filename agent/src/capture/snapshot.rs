@@ -178,6 +178,7 @@ impl SnapshotMachine {
                     bytes: 0,
                     hits: p.hits.listed,
                     hit_to_kill_ns,
+                    kill_to_dump_ns: p.signalled_at.map(|s| now.saturating_sub(s)),
                     unlisted_hits: p.hits.unlisted,
                     span: None,
                 }));
@@ -221,6 +222,7 @@ impl SnapshotMachine {
                     bytes: 0,
                     hits: hits.listed,
                     hit_to_kill_ns: None,
+                    kill_to_dump_ns: None,
                     unlisted_hits: hits.unlisted,
                     span: None,
                 }));
@@ -333,6 +335,7 @@ mod tests {
         assert_eq!(s[0].kind, SnapshotKind::Hit);
         assert_eq!(s[0].hits.len(), 1);
         assert_eq!(s[0].hit_to_kill_ns, Some(150_000));
+        assert_eq!(s[0].kill_to_dump_ns, Some(MS - 150_000));
         assert_eq!(t.stats().hit_snapshots, 1);
     }
 

@@ -371,10 +371,10 @@ fn perf_checks(r: &mut Checklist, explicit: Option<&Path>) {
     let result = ping_perf(&spec);
     let _ = fs::remove_dir_all(&tmp);
     match result {
-        Ok(ms) => r.pass(
+        Ok((ms, kallsyms)) => r.pass(
             "perf",
             format!(
-                "{} ({version}): --switch-output, --control and ping work (ready in {ms} ms)",
+                "{} ({version}): --switch-output, --control and ping work (ready in {ms} ms, {kallsyms})",
                 path.display()
             ),
         ),
@@ -405,10 +405,20 @@ fn missing_record_options(path: &Path) -> Vec<&'static str> {
         .collect()
 }
 
-fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
+/// perf's time to answer a ping (ms), and what it reads as /proc/kallsyms.
+fn ping_perf(spec: &PerfSpec) -> Result<(u128, String), String> {
     caps::raise_ambient();
+    let copy = perf::kallsyms::wanted_by_env()
+        .then(perf::kallsyms::KallsymsCopy::create)
+        .and_then(Result::ok);
     let started = Instant::now();
-    let mut p = crate::perf::record::PerfProcess::spawn(spec).map_err(|e| format!("{e:#}"))?;
+    let mut p = crate::perf::record::PerfProcess::spawn(spec, copy.as_ref())
+        .map_err(|e| format!("{e:#}"))?;
+    let kallsyms = match (&copy, p.kallsyms_copied()) {
+        (Some(c), true) => format!("reading a {}-line copy of /proc/kallsyms", c.lines),
+        (Some(_), false) => "reading /proc/kallsyms: the copy could not be bound".to_string(),
+        (None, _) => format!("reading /proc/kallsyms ({}=proc)", perf::kallsyms::ENV),
+    };
     let _ = p.ping();
     let deadline = started + Duration::from_secs(15);
     loop {
@@ -434,7 +444,7 @@ fn ping_perf(spec: &PerfSpec) -> Result<u128, String> {
     while Instant::now() < end && matches!(p.try_wait(), Ok(None)) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(ms)
+    Ok((ms, kallsyms))
 }
 
 fn pmu(r: &mut Checklist) {

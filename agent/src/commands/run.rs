@@ -96,6 +96,8 @@ struct Prepared {
     run_dir: OutputDir,
     loader: JoinHandle<Result<Probes, Failure>>,
     triggers: Vec<TriggerSetup>,
+    /// The copy of /proc/kallsyms perf will read, being made meanwhile.
+    kallsyms: Option<JoinHandle<std::io::Result<perf::kallsyms::KallsymsCopy>>>,
 }
 
 /// Finds perf, resolves every trigger, chooses the unwinding, creates the
@@ -107,6 +109,8 @@ fn prepare(
     started: Instant,
 ) -> anyhow::Result<Prepared> {
     let perf_path = perf::binary::find_perf(plan.settings.perf.as_deref())?;
+    // Read while the triggers are resolved (~50 ms of the kernel's CPU).
+    let kallsyms = perf::kallsyms::KallsymsCopy::start();
     // `perf version` (~30 ms: perf's own start-up) runs while the triggers
     // are resolved and perf record starts; the loader thread joins it, so a
     // binary that is not perf is refused (exit 3) before anything attaches.
@@ -155,6 +159,7 @@ fn prepare(
         run_dir,
         loader,
         triggers,
+        kallsyms,
     })
 }
 
@@ -198,6 +203,7 @@ fn start_driver(
             single_pid_run: plan.single_pid_run(),
             verbose: args.verbose,
             rt_priority: args.rt_priority,
+            kallsyms: p.kallsyms,
             reader_delay: args.debug_reader_delay,
         },
         progress_tx,
@@ -442,6 +448,7 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         output: out.to_path_buf(),
         time_to_armed_ms: 0.0,
         perf_ready_ms: 0.0,
+        perf_kallsyms: "proc",
         recording: shown.recording.name(),
         flight_ring_bytes: shown.recording.ring_bytes(),
         unwinding: shown.unwinding.clone(),

@@ -55,6 +55,9 @@ pub struct Armed {
     pub time_to_armed_ms: f64,
     /// From spawning perf to its first acked `ping`, ms.
     pub perf_ready_ms: f64,
+    /// What perf reads as `/proc/kallsyms`: `copy` (the agent's small copy,
+    /// perf/kallsyms.rs) or `proc` (the real file).
+    pub perf_kallsyms: &'static str,
     /// `continuous` or `flight-recorder`.
     pub recording: &'static str,
     /// Flight recorder: bytes of each of perf's rings (one per CPU).
@@ -602,6 +605,7 @@ mod tests {
             bytes: 812,
             hits: vec![],
             hit_to_kill_ns: None,
+            kill_to_dump_ns: None,
             unlisted_hits: 0,
             span: None,
         };

@@ -110,6 +110,11 @@ pub struct Snapshot {
     /// Time from the first hit to the SIGUSR2 (CLOCK_MONOTONIC), ns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hit_to_kill_ns: Option<u64>,
+    /// Time from the SIGUSR2 to perf's `Dump` line for this file, as the
+    /// driver read it (CLOCK_MONOTONIC), ns: how long perf took to complete
+    /// the snapshot (docs/perf-kallsyms.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_to_dump_ns: Option<u64>,
     /// Merged hits beyond [`crate::capture::snapshot::MAX_LISTED_HITS`]: counted, not listed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unlisted_hits: u64,
@@ -466,6 +471,7 @@ mod tests {
             bytes: 10,
             hits: vec![],
             hit_to_kill_ns: None,
+            kill_to_dump_ns: None,
             unlisted_hits: 0,
             span: None,
         };
@@ -551,6 +557,7 @@ mod tests {
                     },
                 ],
                 hit_to_kill_ns: Some(40),
+                kill_to_dump_ns: Some(3_000_000),
                 unlisted_hits: 2,
                 span: Some(SampleSpan {
                     samples: 12,

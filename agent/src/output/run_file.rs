@@ -109,6 +109,7 @@ mod tests {
             output,
             time_to_armed_ms: 0.0,
             perf_ready_ms: 0.0,
+            perf_kallsyms: "proc",
             recording: "continuous",
             flight_ring_bytes: None,
             unwinding: crate::perf::unwind::Unwinding {

@@ -3,6 +3,7 @@
 pub mod args;
 pub mod binary;
 pub mod data;
+pub mod kallsyms;
 pub mod offcpu;
 pub mod record;
 pub mod unwind;

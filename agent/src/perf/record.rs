@@ -29,6 +29,8 @@ use std::{
 };
 
 use anyhow::Context as _;
+
+use super::kallsyms::KallsymsCopy;
 use nix::{
     fcntl::{FcntlArg, OFlag, fcntl},
     sys::signal::{Signal, kill},
@@ -240,8 +242,14 @@ pub struct PerfProcess {
 /// The perf command of [`PerfProcess::spawn`]: its arguments, a cleared
 /// environment, its own process group, and between fork and exec the
 /// control fds kept open, SIGUSR2 ignored, `PR_SET_PDEATHSIG` and
-/// `SCHED_BATCH` ([`batch`]).
-fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command {
+/// `SCHED_BATCH` ([`batch`]), and `/proc/kallsyms` replaced by `kallsyms`
+/// in a mount namespace of perf's own.
+fn perf_command(
+    spec: &PerfSpec,
+    ctl_child: RawFd,
+    ack_child: RawFd,
+    kallsyms: Option<std::ffi::CString>,
+) -> Command {
     let parent = nix::unistd::getpid();
     let mut cmd = super::binary::command(&spec.perf);
     cmd.args(spec.args(ctl_child, ack_child))
@@ -264,6 +272,11 @@ fn perf_command(spec: &PerfSpec, ctl_child: RawFd, ack_child: RawFd) -> Command 
                 }
             }
             libc::signal(libc::SIGUSR2, libc::SIG_IGN);
+            if let Some(copy) = &kallsyms {
+                // perf reads the small copy as /proc/kallsyms
+                // (perf/kallsyms.rs); best effort, checked after the spawn.
+                crate::sys::mount_ns::bind_in_private_namespace(copy, c"/proc/kallsyms");
+            }
             // perf (and its threads) under `SCHED_BATCH`: the same share of
             // the CPU, but its wake-ups do not preempt the running task
             // (`check_preempt_wakeup_fair()` in kernel/sched/fair.c;
@@ -292,18 +305,27 @@ impl PerfProcess {
     /// cleared environment, `PR_SET_PDEATHSIG` so it dies with the spawning
     /// thread, and the control pipes on `--control fd:CTL,ACK`.
     ///
+    /// With `kallsyms`, perf reads that copy as `/proc/kallsyms`
+    /// ([`super::kallsyms`]); [`kallsyms_copied`](Self::kallsyms_copied)
+    /// says whether it does.
+    ///
     /// Must be called from a thread that lives as long as the agent (the
     /// driver thread, or `check`'s main thread): the death signal fires when
     /// the spawning *thread* exits.
-    pub fn spawn(spec: &PerfSpec) -> anyhow::Result<Self> {
+    pub fn spawn(spec: &PerfSpec, kallsyms: Option<&KallsymsCopy>) -> anyhow::Result<Self> {
         // ctl: we write, perf reads. ack: perf writes, we read.
         let (ctl_r, ctl_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
         let (ack_r, ack_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
         let (ctl_child, ack_child) = (ctl_r.as_raw_fd(), ack_w.as_raw_fd());
-        let mut cmd = perf_command(spec, ctl_child, ack_child);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", spec.perf.display()))?;
+        // The copy's name lives only until perf has bound it (pre_exec).
+        let linked = kallsyms.and_then(|k| k.link().ok());
+        let source = linked
+            .as_ref()
+            .and_then(|l| std::ffi::CString::new(l.path().as_os_str().as_encoded_bytes()).ok());
+        let mut cmd = perf_command(spec, ctl_child, ack_child, source);
+        let spawned = cmd.spawn();
+        drop(linked);
+        let mut child = spawned.with_context(|| format!("starting {}", spec.perf.display()))?;
         drop((ctl_r, ack_w));
         let stderr = child.stderr.take().expect("stderr is piped");
         let setup = || -> anyhow::Result<OwnedFd> {
@@ -333,6 +355,12 @@ impl PerfProcess {
             ack_eof: false,
             last_cpu: None,
         })
+    }
+
+    /// Whether perf reads the copy as `/proc/kallsyms` (a mount there in
+    /// its namespace).
+    pub fn kallsyms_copied(&self) -> bool {
+        crate::sys::mount_ns::has_mount_at(self.child.id() as i32, "/proc/kallsyms")
     }
 
     /// perf's pid.

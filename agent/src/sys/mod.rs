@@ -3,6 +3,7 @@
 pub mod caps;
 pub mod child;
 pub mod clock;
+pub mod mount_ns;
 pub mod perf_event;
 pub mod pidfd;
 pub mod proc;

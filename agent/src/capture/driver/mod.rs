@@ -51,7 +51,7 @@ use crate::{
         events::{Armed, Printer},
         index::IndexedHit,
     },
-    perf::record::PerfSpec,
+    perf::{kallsyms::KallsymsCopy, record::PerfSpec},
     probe::{Probes, counters::Counters, detach, uprobes::TriggerUprobes},
     sys::{caps, clock::Now, proc},
 };
@@ -126,6 +126,9 @@ pub struct Setup {
     pub reader_delay: Option<Duration>,
     /// `--max-disk`, shared by every recorder.
     pub keeper: Option<Arc<Mutex<crate::capture::disk_budget::Keeper>>>,
+    /// The small copy of `/proc/kallsyms` perf reads, being made
+    /// (perf/kallsyms.rs); `None`: perf reads the real file.
+    pub kallsyms: Option<JoinHandle<std::io::Result<KallsymsCopy>>>,
 }
 
 /// The main thread's handle on the driver.
@@ -257,6 +260,10 @@ struct Driver {
     /// Triggers whose event uprobes the arming thread is making: the
     /// recorder's slot, its target and how long its perf took to be ready.
     pending_set_up: HashMap<u32, (usize, i32, Duration)>,
+    /// The copy every perf of the run reads as `/proc/kallsyms`, once made.
+    kallsyms: Option<Arc<KallsymsCopy>>,
+    /// The warning that perf reads the real `/proc/kallsyms` was printed.
+    kallsyms_warned: bool,
 }
 
 impl Driver {
@@ -305,6 +312,8 @@ impl Driver {
             extra: 0,
             disarming,
             pending_set_up: HashMap::new(),
+            kallsyms: None,
+            kallsyms_warned: false,
         })
     }
 
@@ -521,6 +530,7 @@ impl Driver {
     }
 
     fn start_recorder(&mut self, trigger: u32, pid: i32, dir: PathBuf) -> Result<(), Failure> {
+        self.kallsyms_made();
         let t = self.trigger(trigger);
         let policy = t.policy;
         let spec = PerfSpec {
@@ -538,6 +548,7 @@ impl Driver {
                 counters: self.counters.clone(),
                 keeper: self.setup.keeper.clone(),
                 disarm: self.disarming.board(),
+                kallsyms: self.kallsyms.clone(),
             },
         )?;
         let slot = self
@@ -556,6 +567,30 @@ impl Driver {
         self.by_target.insert((trigger, pid), slot);
         self.slots[slot] = Some(rec);
         Ok(())
+    }
+
+    /// Waits for the copy of `/proc/kallsyms` the first time a perf is
+    /// spawned (it was started with the set-up, and is made by now).
+    fn kallsyms_made(&mut self) {
+        let Some(making) = self.setup.kallsyms.take() else {
+            return;
+        };
+        match making.join() {
+            Ok(Ok(copy)) => self.kallsyms = Some(Arc::new(copy)),
+            Ok(Err(e)) => self.kallsyms_fallback(&format!("cannot make its copy: {e}")),
+            Err(_) => self.kallsyms_fallback("its copy's thread panicked"),
+        }
+    }
+
+    /// perf reads the real `/proc/kallsyms`: said once per run.
+    fn kallsyms_fallback(&mut self, why: &str) {
+        if std::mem::replace(&mut self.kallsyms_warned, true) {
+            return;
+        }
+        self.setup.printer.warning(&format!(
+            "perf reads /proc/kallsyms itself ({why}): each snapshot costs perf ~50 ms more CPU \
+             (docs/perf-kallsyms.md); run the agent with CAP_SYS_ADMIN and a writable /dev/shm or TMPDIR"
+        ));
     }
 
     fn trigger(&self, index: u32) -> &TriggerSetup {
@@ -817,6 +852,10 @@ impl Driver {
         armed.uprobes = uprobes;
         armed.perf_ready_ms = ms(ready_after);
         armed.time_to_armed_ms = ms(self.setup.agent_started.elapsed());
+        armed.perf_kallsyms = if r.kallsyms_copied() { "copy" } else { "proc" };
+        if self.kallsyms.is_some() && armed.perf_kallsyms == "proc" {
+            self.kallsyms_fallback("the copy could not be bind-mounted in perf's mount namespace");
+        }
         self.setup.printer.armed(&armed);
         self.armed_now(Some(pid));
     }
