@@ -1,6 +1,6 @@
 //! The bench harness must not rot: `bench --quick` runs every part (overhead
 //! for each setup and first instruction, latency, storm, time to armed,
-//! waiting, stacks, report, switch) and
+//! waiting, stacks, report, switch, snapshot) and
 //! writes its tables and JSON. No timing is asserted here; the figures live
 //! in `cargo xtask bench`. Privileged.
 
@@ -42,10 +42,20 @@ fn bench_quick_runs_every_part() {
         "Stacks: frame pointers vs DWARF",
         "Report: `mt-agent report` against the anchor pipeline",
         "Context switches: ns per context switch",
+        "What a snapshot costs",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for row in r["snapshot"]["rows"].as_array().expect("snapshot rows") {
+        assert_eq!(row["failed_runs"], 0, "snapshot row {row}");
+        assert!(
+            row["per_snapshot_ms_p50"]
+                .as_f64()
+                .is_some_and(f64::is_finite),
+            "snapshot row without perf's CPU per snapshot: {row}"
+        );
+    }
     let overhead = r["overhead"].as_array().unwrap();
     assert_eq!(overhead.len(), 3, "three first-instruction kinds");
     for (i, row) in overhead.iter().enumerate() {

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 mod context_switches;
 mod report;
+mod snapshot_cost;
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -173,7 +174,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -220,6 +221,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let snapshot = if part("snapshot") {
+        snapshot_cost::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -235,11 +241,13 @@ fn main() {
         "stacks": stacks,
         "report": report_part,
         "switch": switch,
+        "snapshot": snapshot,
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
     report::print(&report["report"]);
     context_switches::print(&report["switch"]);
+    snapshot_cost::print(&report["snapshot"]);
     if let Some(out) = out {
         if let Some(d) = out.parent() {
             let _ = fs::create_dir_all(d);
