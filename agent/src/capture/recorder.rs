@@ -1,5 +1,7 @@
 //! One perf recorder: a `perf record -p PID` process, the snapshot state
-//! machine that drives it, and the index of its output directory.
+//! machine that drives it, and the index of its output directory, which an
+//! index thread of its own writes ([`Indexing`]): a snapshot's parse, its
+//! build-id copies and `--max-disk` wait on the disk, never the driver.
 //!
 //! The driver thread owns the recorders and feeds them events (acks, stderr
 //! lines, hits) with the time they happened; a recorder never blocks and
@@ -261,15 +263,12 @@ pub struct Recorder {
     /// a write failed with ENOSPC).
     disk_full: bool,
     machine: SnapshotMachine,
-    index: Index,
-    output: OutputDir,
+    /// The index thread, which writes the index off the driver thread.
+    indexer: Indexer,
+    /// `OUT/snapshots.jsonl`, for messages.
+    index_path: PathBuf,
     printer: Arc<Printer>,
     counters: Arc<OnceLock<Counters>>,
-    /// Files indexed and still on disk.
-    listed: Vec<String>,
-    /// Files indexed (on disk or deleted by --keep).
-    indexed: HashSet<String>,
-    snapshots: u64,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
@@ -278,9 +277,6 @@ pub struct Recorder {
     keeper: Option<Arc<Mutex<Keeper>>>,
     /// How perf keeps samples.
     spec_recording: Recording,
-    /// The off-CPU breakdown's window before a hit without a duration;
-    /// `None`: no breakdown.
-    off_cpu: Option<Duration>,
     disarm: Arc<crate::disarm::cycle::Board>,
 }
 
@@ -321,6 +317,7 @@ impl Recorder {
         } = shared;
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
+        let output_dir = dir.clone();
         let index = Index::create(&dir).map_err(|e| {
             Failure::usage(format!(
                 "cannot create {} in {}: {e}; give a writable --output",
@@ -350,20 +347,28 @@ impl Recorder {
             phase: Phase::Starting,
             disk_full: false,
             machine: SnapshotMachine::new(policy),
-            index,
-            output,
+            index_path: index.path().to_path_buf(),
+            indexer: Indexer::start(Indexing {
+                dir: output_dir,
+                tgid,
+                off_cpu: spec.off_cpu,
+                index,
+                output,
+                printer: printer.clone(),
+                keeper: keeper.clone(),
+                listed: Vec::new(),
+                indexed: HashSet::new(),
+                snapshots: 0,
+                failed: None,
+            }),
             printer,
             counters,
-            listed: Vec::new(),
-            indexed: HashSet::new(),
-            snapshots: 0,
             target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
             exe_id: proc::exe_id(tgid),
             spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
             next_sample: spawned + SAMPLE_EVERY,
             keeper,
             spec_recording: spec.recording,
-            off_cpu: spec.off_cpu,
             disarm,
         })
     }
@@ -518,6 +523,7 @@ impl Recorder {
     pub fn tick(&mut self, now: Now) -> Feedback {
         let due = self.machine.on_tick(now.ns);
         let feedback = self.apply(due, now);
+        self.take_index_failure(now);
         if self.phase.ready_overdue(self.spawned, now.at) {
             self.phase.end(EndReason::Failed, now.at).failure = Some(Failure::runtime(format!(
                 "perf did not become ready within {} s; see perf's messages below",
@@ -640,67 +646,35 @@ impl Recorder {
         }
         feedback
     }
-    /// Writes a completed snapshot to the index, with the kernel's counters
-    /// of this trigger at that moment.
-    fn index(&mut self, mut snap: Snapshot, now: Now) {
-        if self.indexed.contains(&snap.file) {
-            // perf names files by wall-clock time, so a clock stepped back
-            // (NTP, an operator) can reuse a name; `rename()` then replaced
-            // the earlier snapshot.
-            self.printer.warning(&format!(
-                "perf reused the file name {} (the wall clock stepped back?): the earlier \
-                 snapshot with that name was overwritten",
-                snap.file
-            ));
-            self.listed.retain(|f| f != &snap.file);
-            if let Err(e) = self.index.deleted(&snap.file) {
-                self.index_failed(e, now);
-            }
-        }
-        let path = self.dir.join(&snap.file);
-        snap.bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    /// Hands a completed snapshot to the index thread with the kernel's
+    /// counters of this trigger, the merged hits and the disarming as they
+    /// are at its `Dump` (read here, so the line is exact for that moment).
+    fn index(&mut self, snap: Snapshot, now: Now) {
         let counters = self
             .counters
             .get()
             .map(|c| c.read(self.trigger))
             .unwrap_or_default();
-        let merged = self.machine.stats().merged;
-        read_facts(&path, &mut snap, self.off_cpu);
-        mark_calls_before(&mut snap);
         let disarm = self
             .disarm
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&self.trigger)
             .copied();
-        if let Err(e) = self.index.snapshot(&snap, counters, merged, disarm) {
+        let job = Job {
+            snap,
+            counters,
+            merged: self.machine.stats().merged,
+            disarm,
+        };
+        self.indexer.send(job);
+        self.take_index_failure(now);
+    }
+
+    /// A write of the index thread failed: the recorder fails with it.
+    fn take_index_failure(&mut self, now: Now) {
+        if let Some(e) = self.indexer.take_failure() {
             self.index_failed(e, now);
-        }
-        self.output.keep();
-        // Objects mapped since (dlopen): kept before the report needs them.
-        crate::capture::build_id_cache::scan(self.tgid);
-        self.indexed.insert(snap.file.clone());
-        self.listed.push(snap.file.clone());
-        self.snapshots += 1;
-        self.printer.snapshot(&SnapshotEvent {
-            pid: self.tgid,
-            n: self.snapshots,
-            snapshot: &snap,
-        });
-        if let Some(k) = &self.keeper {
-            lock(k).enforce(&self.dir, &snap.file);
-        }
-        // perf's --switch-max-files (from --keep) and --max-disk delete the
-        // oldest files.
-        let dir = &self.dir;
-        let (kept, gone): (Vec<String>, Vec<String>) = std::mem::take(&mut self.listed)
-            .into_iter()
-            .partition(|f| dir.join(f).exists());
-        self.listed = kept;
-        for f in gone {
-            if let Err(e) = self.index.deleted(&f) {
-                self.index_failed(e, now);
-            }
         }
     }
 
@@ -712,10 +686,10 @@ impl Recorder {
             Failure::runtime(format!(
                 "the output file system is full (writing {}): stopping; completed snapshots are \
                  kept and listed",
-                self.index.path().display()
+                self.index_path.display()
             ))
         } else {
-            Failure::runtime(format!("writing {}: {e}", self.index.path().display()))
+            Failure::runtime(format!("writing {}: {e}", self.index_path.display()))
         };
         self.fail(f, now);
     }
@@ -727,12 +701,17 @@ impl Recorder {
         let perf_cpu = self.perf.last_cpu_time();
         let lines = self.perf.flush_stderr();
         self.perf_lines(lines, now);
+        // What the index thread was given is indexed before the leftovers,
+        // which are indexed in place.
+        self.indexer.finish();
         self.index_leftovers(now);
+        self.take_index_failure(now);
         if let Some(k) = &self.keeper {
             lock(k).release(&self.dir);
         }
         let perf_was_ready = self.phase.perf_was_ready();
-        if !perf_was_ready && self.snapshots == 0 {
+        let snapshots = self.indexer.state().map_or(0, |s| s.snapshots);
+        if !perf_was_ready && snapshots == 0 {
             // perf never started recording: its half-made perf.data is not a
             // snapshot, and the directory is tidied away with it.
             let _ = fs::remove_file(self.dir.join("perf.data"));
@@ -780,7 +759,10 @@ impl Recorder {
             .flatten()
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("perf.data.") && !self.indexed.contains(n))
+            .filter(|n| {
+                n.starts_with("perf.data.")
+                    && self.indexer.state().is_none_or(|s| !s.indexed.contains(n))
+            })
             .collect();
         left.sort();
         for name in left {
@@ -790,6 +772,190 @@ impl Recorder {
                 .filter(|a| matches!(a, Action::Index(_)))
                 .collect();
             self.apply(actions, now);
+        }
+    }
+}
+
+/// What a recorder's index thread owns: the output directory's index and
+/// what it lists. Parsing a snapshot file, keeping its objects by build-id
+/// and enforcing `--max-disk` wait on the disk, so they run here, off the
+/// driver thread; one thread per recorder keeps the index in `Dump` order.
+struct Indexing {
+    dir: PathBuf,
+    tgid: i32,
+    /// The off-CPU breakdown's window before a hit without a duration.
+    off_cpu: Option<Duration>,
+    index: Index,
+    output: OutputDir,
+    printer: Arc<Printer>,
+    keeper: Option<Arc<Mutex<Keeper>>>,
+    /// Files indexed and still on disk.
+    listed: Vec<String>,
+    /// Files indexed (on disk or deleted by --keep).
+    indexed: HashSet<String>,
+    snapshots: u64,
+    /// The first write that failed, for the recorder to take.
+    failed: Option<Arc<Mutex<Option<std::io::Error>>>>,
+}
+
+/// A completed snapshot and what the driver read at its `Dump`.
+struct Job {
+    snap: Snapshot,
+    counters: crate::output::counters::CounterValues,
+    merged: u64,
+    disarm: Option<crate::output::index::DisarmCounters>,
+}
+
+impl Indexing {
+    /// Writes a completed snapshot to the index.
+    fn index(&mut self, job: Job) {
+        let Job {
+            mut snap,
+            counters,
+            merged,
+            disarm,
+        } = job;
+        if self.indexed.contains(&snap.file) {
+            // perf names files by wall-clock time, so a clock stepped back
+            // (NTP, an operator) can reuse a name; `rename()` then replaced
+            // the earlier snapshot.
+            self.printer.warning(&format!(
+                "perf reused the file name {} (the wall clock stepped back?): the earlier \
+                 snapshot with that name was overwritten",
+                snap.file
+            ));
+            self.listed.retain(|f| f != &snap.file);
+            if let Err(e) = self.index.deleted(&snap.file) {
+                self.failed(e);
+            }
+        }
+        let path = self.dir.join(&snap.file);
+        snap.bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        read_facts(&path, &mut snap, self.off_cpu);
+        mark_calls_before(&mut snap);
+        if let Err(e) = self.index.snapshot(&snap, counters, merged, disarm) {
+            self.failed(e);
+        }
+        self.output.keep();
+        // Objects mapped since (dlopen): kept before the report needs them.
+        crate::capture::build_id_cache::scan(self.tgid);
+        self.indexed.insert(snap.file.clone());
+        self.listed.push(snap.file.clone());
+        self.snapshots += 1;
+        self.printer.snapshot(&SnapshotEvent {
+            pid: self.tgid,
+            n: self.snapshots,
+            snapshot: &snap,
+        });
+        if let Some(k) = &self.keeper {
+            lock(k).enforce(&self.dir, &snap.file);
+        }
+        // perf's --switch-max-files (from --keep) and --max-disk delete the
+        // oldest files.
+        let dir = &self.dir;
+        let (kept, gone): (Vec<String>, Vec<String>) = std::mem::take(&mut self.listed)
+            .into_iter()
+            .partition(|f| dir.join(f).exists());
+        self.listed = kept;
+        for f in gone {
+            if let Err(e) = self.index.deleted(&f) {
+                self.failed(e);
+            }
+        }
+    }
+
+    /// Keeps the first failed write for the recorder.
+    fn failed(&mut self, e: std::io::Error) {
+        if let Some(slot) = &self.failed {
+            slot.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(e);
+        }
+    }
+}
+
+/// The index thread of a recorder ("mt-agent-index"), or, once the
+/// recorder finishes (or if the thread could not start), the same work
+/// done in place.
+enum Indexer {
+    Thread {
+        tx: std::sync::mpsc::Sender<Job>,
+        thread: std::thread::JoinHandle<Indexing>,
+        failed: Arc<Mutex<Option<std::io::Error>>>,
+    },
+    InPlace(Box<Indexing>, Arc<Mutex<Option<std::io::Error>>>),
+    /// The thread panicked: nothing more is indexed.
+    Gone,
+}
+
+impl Indexer {
+    fn start(mut state: Indexing) -> Indexer {
+        let failed = Arc::new(Mutex::new(None));
+        state.failed = Some(failed.clone());
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let shared = Arc::new(Mutex::new(Some(state)));
+        let inner = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mt-agent-index".into())
+            .spawn(move || {
+                let mut state = inner
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .expect("the state is handed over once");
+                for job in rx {
+                    state.index(job);
+                }
+                state
+            });
+        match spawned {
+            Ok(thread) => Indexer::Thread { tx, thread, failed },
+            Err(_) => {
+                let state = shared.lock().unwrap_or_else(|e| e.into_inner()).take();
+                Indexer::InPlace(Box::new(state.expect("not taken")), failed)
+            }
+        }
+    }
+
+    fn send(&mut self, job: Job) {
+        match self {
+            Indexer::Thread { tx, .. } => {
+                let _ = tx.send(job);
+            }
+            Indexer::InPlace(state, _) => state.index(job),
+            Indexer::Gone => {}
+        }
+    }
+
+    fn take_failure(&self) -> Option<std::io::Error> {
+        match self {
+            Indexer::Thread { failed, .. } | Indexer::InPlace(_, failed) => {
+                failed.lock().unwrap_or_else(|e| e.into_inner()).take()
+            }
+            Indexer::Gone => None,
+        }
+    }
+
+    /// Waits for the thread to index what it was given; later snapshots are
+    /// indexed in place.
+    fn finish(&mut self) {
+        if let Indexer::Thread { .. } = self {
+            let Indexer::Thread { tx, thread, failed } = std::mem::replace(self, Indexer::Gone)
+            else {
+                unreachable!()
+            };
+            drop(tx);
+            if let Ok(state) = thread.join() {
+                *self = Indexer::InPlace(Box::new(state), failed);
+            }
+        }
+    }
+
+    /// The index's state once [`finish`](Self::finish)ed.
+    fn state(&self) -> Option<&Indexing> {
+        match self {
+            Indexer::InPlace(state, _) => Some(state),
+            _ => None,
         }
     }
 }
