@@ -270,6 +270,8 @@ pub struct Recorder {
     /// Files indexed (on disk or deleted by --keep).
     indexed: HashSet<String>,
     snapshots: u64,
+    /// Switch-outputs asked of perf (SIGUSR2s sent), for the busy-perf warning.
+    switches: u64,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
@@ -353,6 +355,7 @@ impl Recorder {
             listed: Vec::new(),
             indexed: HashSet::new(),
             snapshots: 0,
+            switches: 0,
             target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
             exe_id: proc::exe_id(tgid),
             spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
@@ -542,14 +545,11 @@ impl Recorder {
 
     fn sample_perf_cpu(&mut self, now: Now) {
         if let Some(cpu) = self.perf.cpu_time()
-            && let Some(frac) = self.spin.sample(now.at.duration_since(self.spawned), cpu)
+            && let Some(busy) =
+                self.spin
+                    .sample(now.at.duration_since(self.spawned), cpu, self.switches)
         {
-            self.printer.warning(&format!(
-                "perf (pid {}) is using {:.0}% of a core (for 2 s or more); perf 6.1 can spin \
-                 when threads of the target exit (fixed upstream in 2026)",
-                self.perf_pid(),
-                frac * 100.0
-            ));
+            self.printer.warning(&busy.warning(self.perf_pid()));
         }
     }
 
@@ -615,6 +615,7 @@ impl Recorder {
         for a in actions {
             match a {
                 Action::Switch => {
+                    self.switches += 1;
                     let _ = self.perf.switch();
                 }
                 // The state machine asks for `stop` only once the recorder

@@ -697,7 +697,9 @@ fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure>
     if tail_jumps + indirect > 0 {
         printer.warning(&format!(
             "--slower-than: {} return(s) probed; {tail_jumps} tail jump(s) and {indirect} indirect \
-             jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return)",
+             jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return). \
+             --use-uretprobe times every return (refused on Go; it breaks C++ exception unwinding \
+             through the function)",
             offsets.len(),
             f.demangled
         ));
