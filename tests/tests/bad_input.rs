@@ -209,3 +209,37 @@ fn a_perf_that_fails_before_recording_gets_the_error_alone() {
     );
     assert!(run.summary().is_none(), "{}", run.output());
 }
+
+#[test]
+fn a_config_that_is_not_a_regular_file_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("mt-agent.toml");
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo");
+    // Before the check, the agent blocked in open() until a writer came.
+    let run = refused(&["--config", fifo.to_str().unwrap()]);
+    assert_one_error_line(&run, 2, "not a regular file");
+}
+
+#[test]
+fn a_config_names_each_unknown_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mt-agent.toml");
+    let out = dir.path().join("out");
+    fs::write(
+        &path,
+        format!(
+            "output = {:?}\ncolour = 1\n[[trigger]]\npid = 1\nsymbol = \"f\"\nflavour = 2\n",
+            out.display().to_string()
+        ),
+    )
+    .unwrap();
+    let run = refused(&["--config", path.to_str().unwrap()]);
+    assert_one_error_line(&run, 2, "`colour`");
+    assert_one_error_line(&run, 2, "trigger 0: unknown field `flavour`");
+    assert!(!out.exists(), "{}", run.output());
+}
