@@ -30,7 +30,7 @@ use crate::{
     error::Failure,
     output::{
         events::{Printer, SnapshotEvent},
-        index::{Index, IndexedHit, OutputDir, Snapshot},
+        index::{Index, IndexedHit, OutputDir, Snapshot, SnapshotKind},
     },
     perf,
     perf::{
@@ -272,6 +272,8 @@ pub struct Recorder {
     snapshots: u64,
     /// Switch-outputs asked of perf (SIGUSR2s sent), for the busy-perf warning.
     switches: u64,
+    /// The `--max-disk` overrun was reported (once per recorder).
+    warned_budget: bool,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
@@ -356,6 +358,7 @@ impl Recorder {
             indexed: HashSet::new(),
             snapshots: 0,
             switches: 0,
+            warned_budget: false,
             target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
             exe_id: proc::exe_id(tgid),
             spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
@@ -679,7 +682,18 @@ impl Recorder {
             snapshot: &snap,
         });
         if let Some(k) = &self.keeper {
-            lock(k).enforce(&self.dir, &snap.file);
+            let over = lock(k).enforce(&self.dir, &snap.file, snap.kind == SnapshotKind::Hit);
+            if let Some(over) = over
+                && !self.warned_budget
+            {
+                self.warned_budget = true;
+                self.printer.warning(&format!(
+                    "--max-disk is {over} bytes short of what must stay: perf's open file, the \
+                     newest snapshot ({} bytes) and the newest hit snapshot are never deleted. \
+                     Raise --max-disk above a few snapshots",
+                    snap.bytes
+                ));
+            }
         }
         // perf's --switch-max-files (from --keep) and --max-disk delete the
         // oldest files.
