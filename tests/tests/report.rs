@@ -623,3 +623,32 @@ fn a_keep_run_in_progress_reports_cleanly() {
     let run = agent.finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
 }
+
+/// A slow call that slept all along has no CPU samples; the page says
+/// where its time went instead of asking for a higher --freq.
+#[test]
+fn a_blocked_call_is_not_told_to_raise_the_frequency() {
+    let mut t = Target::start(&target_path("target"), &["slow", "31"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "25ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    assert_eq!(run.hits().len(), 3, "{}", run.output());
+    let o = report(&[], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    let blocked = page.matches("a CPU profile has little to show").count();
+    assert!(blocked >= 1, "no blocked-call note in the page");
+    assert!(
+        page.matches("Record with a higher").count() < 3,
+        "every slept call was told to raise --freq"
+    );
+    eprintln!("blocked calls: {blocked} of 3 with the off-CPU note");
+}
