@@ -430,10 +430,19 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         trigger: index,
         event: shown.event.to_string(),
         freq: shown.settings.freq,
-        symbol: if res.probe_offset > 0 {
-            format!("{}+{:#x}", res.function.demangled, res.probe_offset)
-        } else {
-            res.function.demangled.clone()
+        symbol: {
+            // The version picked (`f@@V2`), which a plain name leaves unsaid.
+            let version = crate::symbols::names::SymbolName::new(&res.function.name)
+                .version
+                .unwrap_or_default();
+            if res.probe_offset > 0 {
+                format!(
+                    "{}{version}+{:#x}",
+                    res.function.demangled, res.probe_offset
+                )
+            } else {
+                format!("{}{version}", res.function.demangled)
+            }
         },
         object: res.object.path.clone(),
         attach_offset: res.attach_offset,

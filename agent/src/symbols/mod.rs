@@ -748,6 +748,31 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
         ))
         .with_detail(detail);
     }
+    // `f@V2` when the object has `f@@V2` (or the reverse): the versions of
+    // that name are the suggestion.
+    let base = names::strip_version(query);
+    let mut versions: Vec<String> = Vec::new();
+    if base != query {
+        for v in views {
+            for s in v
+                .dynsym()
+                .iter()
+                .filter(|s| s.kind == SymKind::Func || s.kind == SymKind::Ifunc)
+            {
+                if names::strip_version(&s.name) == base && !versions.contains(&s.name) {
+                    versions.push(s.name.clone());
+                }
+            }
+        }
+    }
+    if !versions.is_empty() {
+        return Failure::usage(format!(
+            "no function {query} {scope}; its versions here are {} (`@@` is the default \
+             version, `@` a compatibility one)",
+            versions.join(", ")
+        ))
+        .with_detail(detail);
+    }
     if let Some(near) = similar.first().filter(|s| names::is_close(query, s)) {
         return Failure::usage(format!(
             "no function {query} {scope}; did you mean {near}? (if a library loaded later \
@@ -868,7 +893,10 @@ fn list_unbudgeted(
                 _ if resolvers.contains(&s.value) => "ifunc resolver",
                 _ => "function",
             };
-            if !seen.insert((s.value, kind)) {
+            // A versioned `.dynsym` name (`f@@V2`) is listed even where
+            // `.symtab` named the same address: it is what --symbol takes.
+            let version = n.version.clone().unwrap_or_default();
+            if !seen.insert((s.value, kind, version)) {
                 continue;
             }
             let Some(f) = v.function(s) else { continue };
