@@ -264,6 +264,17 @@ fn refusals_explain_themselves() {
     stderr_has(&run, "libtrig.so");
     stderr_has(&run, "libuser");
     stderr_has(&run, "--object");
+    // Overloads in one object: their full names tell them apart.
+    let w = Target::start(&target_path("worker"), &["calls", "0", "0"]);
+    let run = refusal(w.pid(), &["--symbol", "work"]);
+    stderr_has(&run, "matches 2 functions in");
+    stderr_has(&run, "--symbol 'work(double)'");
+    stderr_has(&run, "--symbol 'work(int)'");
+    assert!(
+        !run.stderr.iter().any(|l| l.contains("--object PATH")),
+        "{}",
+        run.output()
+    );
     let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
     stderr_has(&run, "IFUNC");
     stderr_has(&run, "lib_pick_fast");

@@ -562,12 +562,38 @@ fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>
             })
         }
         n => Err(ResolveError::Other(
-            Failure::usage(format!(
-                "{query} matches {n} functions; pick one with --object PATH|NAME \
-                 (or give the full mangled or versioned name)"
-            ))
-            .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
+            Failure::usage(ambiguous(query, n, &callable))
+                .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
         )),
+    }
+}
+
+/// The refusal of a name that matches `n` functions: overloads in one
+/// object are told apart by their full names (`work(double)`), functions
+/// in several objects by `--object`.
+fn ambiguous(query: &str, n: usize, callable: &[&Candidate<'_>]) -> String {
+    let one_object = callable
+        .windows(2)
+        .all(|w| std::ptr::eq(w[0].view, w[1].view));
+    let mut full: Vec<String> = callable
+        .iter()
+        .map(|c| SymbolName::new(&c.sym.name).demangled)
+        .collect();
+    full.dedup();
+    if one_object && full.len() == n {
+        format!(
+            "{query} matches {n} functions in {}; give one by its full name: {}",
+            callable[0].view.label(),
+            full.iter()
+                .map(|f| format!("--symbol '{f}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        format!(
+            "{query} matches {n} functions; pick one with --object PATH|NAME \
+             (or give the full mangled or versioned name)"
+        )
     }
 }
 
