@@ -184,7 +184,7 @@ fn rotated_away(run: &RunDir, pos: usize) -> bool {
 
 /// Whether `gone` holds for each of `files`. Pure.
 fn all_gone<'a>(mut files: impl Iterator<Item = &'a str>, gone: impl Fn(&str) -> bool) -> bool {
-    files.all(|f| gone(f))
+    files.all(gone)
 }
 
 fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
