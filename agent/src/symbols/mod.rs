@@ -801,8 +801,9 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     }
     if let Some(near) = similar.first().filter(|s| names::is_close(query, s)) {
         return Failure::usage(format!(
-            "no function {query} {scope}; did you mean {near}? (if a library loaded later \
-             has {query}, give a capture run --wait-for-symbol DURATION)"
+            "no function {query} {scope}; did you mean {near}? If not, it is not mapped (yet): \
+             if a library that has it is loaded later (dlopen), give a capture run \
+             --wait-for-symbol DURATION"
         ))
         .with_detail(detail);
     }
