@@ -68,6 +68,12 @@ __asm__(".globl trigger_int3\n.type trigger_int3,@function\ntrigger_int3:\n"
         "  int3\n  ret\n.size trigger_int3, .-trigger_int3\n"
         ".globl trigger_lock\n.type trigger_lock,@function\ntrigger_lock:\n"
         "  lock addq $1, sink(%rip)\n  ret\n.size trigger_lock, .-trigger_lock\n");
+/* A function with one `ret` and one tail jump (to trigger), as optimized
+ * code such as nginx's has: --slower-than's `ret` probes cannot time the
+ * jump's calls (never called). */
+__asm__(".globl f_tailjump\n.type f_tailjump,@function\nf_tailjump:\n"
+        "  test $1, %dil\n  jnz 1f\n  ret\n1:\n  jmp trigger\n"
+        ".size f_tailjump, .-f_tailjump\n");
 void trigger_push(long);
 void trigger_nop5(long);
 void trigger_step(long);

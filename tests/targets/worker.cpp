@@ -30,6 +30,10 @@ long Worker::risky(int x) {
 }
 }  // namespace ns
 
+// Two overloads of one name (refusal tests: `work` is ambiguous).
+__attribute__((noipa, used)) void work(int x) { sink += x; }
+__attribute__((noipa, used)) void work(double x) { sink += (long)x; }
+
 static void burn_ms(long ms) {
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   while (std::chrono::steady_clock::now() < end) sink++;

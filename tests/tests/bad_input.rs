@@ -46,6 +46,12 @@ fn unknown_symbol_lists_similar_names() {
     let pid = t.pid().to_string();
     let run = refused(&["--pid", &pid, "--symbol", "triger"]);
     assert_one_error_line(&run, 2, "no function triger");
+    // The close name leads, before the not-mapped-yet hint.
+    assert_one_error_line(
+        &run,
+        2,
+        "; did you mean trigger? If not, it is not mapped (yet)",
+    );
     assert!(
         run.stderr.iter().any(|l| l.contains("similar: trigger")),
         "{}",
@@ -208,4 +214,68 @@ fn a_perf_that_fails_before_recording_gets_the_error_alone() {
         run.output()
     );
     assert!(run.summary().is_none(), "{}", run.output());
+}
+
+#[test]
+fn a_config_that_is_not_a_regular_file_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("mt-agent.toml");
+    let ok = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mkfifo");
+    // Before the check, the agent blocked in open() until a writer came.
+    let run = refused(&["--config", fifo.to_str().unwrap()]);
+    assert_one_error_line(&run, 2, "not a regular file");
+}
+
+#[test]
+fn a_config_names_each_unknown_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mt-agent.toml");
+    let out = dir.path().join("out");
+    fs::write(
+        &path,
+        format!(
+            "output = {:?}\ncolour = 1\n[[trigger]]\npid = 1\nsymbol = \"f\"\nflavour = 2\n",
+            out.display().to_string()
+        ),
+    )
+    .unwrap();
+    let run = refused(&["--config", path.to_str().unwrap()]);
+    assert_one_error_line(&run, 2, "`colour`");
+    assert_one_error_line(&run, 2, "trigger 0: unknown field `flavour`");
+    assert!(!out.exists(), "{}", run.output());
+}
+
+#[test]
+fn root_without_cap_sys_ptrace_is_told_the_capability() {
+    // Another user's process, and root with CAP_SYS_PTRACE dropped from
+    // its bounding set (as a container or a service may).
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]);
+    cmd.arg(target_path("target")).arg("wait");
+    let t = Target::start_cmd(cmd);
+    let pid = t.pid().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut p = Proc::spawn({
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--bounding-set=-sys_ptrace", "--"])
+            .arg(agent_bin());
+        c.args(["--pid", &pid, "--symbol", "trigger", "--output"])
+            .arg(&out);
+        c
+    });
+    let status = p.wait(Duration::from_secs(30)).expect("agent exits");
+    let stderr = p.stderr().join("\n");
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("runs as root but without CAP_SYS_PTRACE"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("run as root"), "{stderr}");
+    assert!(!out.exists(), "nothing may be created");
 }

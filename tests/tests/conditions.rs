@@ -444,3 +444,43 @@ fn bad_expressions_point_at_the_problem() {
         );
     }
 }
+
+/// A function that also leaves by a tail jump: the warning counts the
+/// calls `ret` probes cannot time and names the option that times them.
+#[test]
+fn a_tail_jump_warning_suggests_the_uretprobe() {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let base = [
+        "--pid",
+        &pid,
+        "--symbol",
+        "f_tailjump",
+        "--slower-than",
+        "1ms",
+        "--duration",
+        "1s",
+    ];
+    let run = Agent::start(&base).finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let warning = run
+        .stderr
+        .iter()
+        .find(|l| l.contains("tail jump"))
+        .unwrap_or_else(|| panic!("no tail-jump warning: {}", run.output()));
+    assert!(
+        warning.contains("1 return(s) probed; 1 tail jump(s)"),
+        "{warning}"
+    );
+    assert!(warning.contains("--use-uretprobe"), "{warning}");
+    // With the uretprobe there is nothing to warn of.
+    let mut with = base.to_vec();
+    with.push("--use-uretprobe");
+    let run = Agent::start(&with).finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    assert!(
+        !run.stderr.iter().any(|l| l.contains("tail jump")),
+        "{}",
+        run.output()
+    );
+}

@@ -161,8 +161,8 @@ fn the_systemd_unit_verifies() {
         String::from_utf8_lossy(&out.stderr)
     );
     for key in [
-        "AmbientCapabilities=CAP_SYS_ADMIN CAP_SYS_PTRACE",
-        "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_PTRACE",
+        "AmbientCapabilities=CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_SYS_NICE",
+        "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_SYS_NICE",
         "ProtectSystem=strict",
         "ReadWritePaths=/var/lib/mt-agent",
         "Restart=on-failure",
@@ -203,7 +203,7 @@ fn the_daemonset_parses() {
         .iter()
         .filter_map(|v| v.as_str())
         .collect();
-    assert_eq!(add, ["SYS_ADMIN", "SYS_PTRACE"]);
+    assert_eq!(add, ["SYS_ADMIN", "SYS_PTRACE", "SYS_NICE"]);
     let host_paths: Vec<&str> = spec["volumes"]
         .as_vec()
         .unwrap()

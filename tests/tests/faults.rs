@@ -9,6 +9,7 @@
 use std::{
     fs,
     os::unix::fs::PermissionsExt,
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -459,4 +460,65 @@ fn least_privilege_capture_as_nobody() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_no_programs_loaded("after the nobody run");
     assert_no_perf_for(&out, "after the nobody run");
+}
+
+/// The nice value of the agent's arming thread (`mt-armer`), once it runs.
+fn armer_nice(agent_pid: i32) -> Option<i32> {
+    let tasks = fs::read_dir(format!("/proc/{agent_pid}/task")).ok()?;
+    tasks.flatten().find_map(|t| {
+        let comm = fs::read_to_string(t.path().join("comm")).ok()?;
+        (comm.trim() == "mt-armer")
+            .then(|| stat_field(&t.path().join("stat"), 19)?.parse().ok())
+            .flatten()
+    })
+}
+
+/// Runs the copied agent as `nobody` with `caps` on a waiting target until
+/// it arms; returns the arming thread's nice value.
+fn armer_nice_with(caps: &[&str]) -> i32 {
+    let t = Target::start(&target_path("target"), &["wait"]);
+    let pid = t.pid().to_string();
+    let nobody = AsNobody::new();
+    let out = nobody.out().display().to_string();
+    let args = [
+        "--pid", &pid, "--symbol", "trigger", "--json", "--output", &out,
+    ];
+    let mut p = Proc::spawn(nobody.command(caps, &args));
+    assert!(
+        p.wait_line(Duration::from_secs(30), |l| l
+            .contains("\"event\":\"armed\""))
+            .is_some(),
+        "not armed as nobody with {caps:?}: {:?}",
+        p.stderr()
+    );
+    let nice =
+        armer_nice(p.pid()).unwrap_or_else(|| panic!("no mt-armer thread: {:?}", p.stderr()));
+    p.signal(libc::SIGINT);
+    let status = p.wait(FINISH).expect("agent exits");
+    assert_eq!(status.code(), Some(0), "{:?}", p.stderr());
+    assert_no_perf_for(Path::new(&out), "after the nobody run");
+    nice
+}
+
+#[test]
+fn the_packaged_capabilities_give_the_arming_thread_its_priority() {
+    // The capabilities the shipped unit grants, as systemd would: ambient.
+    let unit = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/mt-agent.service"),
+    )
+    .unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .expect("AmbientCapabilities in the unit")
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect();
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    let packaged = armer_nice_with(&caps);
+    // Without CAP_SYS_NICE the thread stays at the agent's nice (0).
+    let without = armer_nice_with(&["sys_admin", "sys_ptrace"]);
+    eprintln!("arming thread nice: {packaged} with {caps:?}, {without} without CAP_SYS_NICE");
+    assert_eq!(packaged, -5, "with {caps:?}");
+    assert_eq!(without, 0);
 }

@@ -564,3 +564,91 @@ fn an_exe_output_with_two_processes_is_one_page() {
         "the trigger is not named"
     );
 }
+
+/// `report` on a `--keep` run in progress: the files perf rotated away
+/// are deleted, not damage; the folded files of an earlier report for them
+/// go; the time span counts the files there; "s into run" counts from the
+/// run's first snapshot, deleted ones included.
+#[test]
+fn a_keep_run_in_progress_reports_cleanly() {
+    // 40 calls 250 ms apart: the run is still going while we report.
+    let mut t = Target::start(&target_path("target"), &["calls", "40", "250"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&[
+        "--pid", &pid, "--symbol", "trigger", "--json", "--keep", "2",
+    ]);
+    agent.wait_armed();
+    t.go();
+    agent.wait_hit_snapshots(4);
+    let first = report(&["--json"], &agent.out);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    assert!(!text(&first).contains("missing"), "{}", text(&first));
+    agent.wait_hit_snapshots(8);
+    // Listed before the report: a file rotated away while it runs may keep
+    // the folded files this report wrote for it.
+    let on_disk: Vec<String> = perf_files(&agent.out);
+    let o = report(&["--json"], &agent.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("missing"), "{}", text(&o));
+    // The folded files are those of snapshots on disk when it started.
+    let folded: Vec<String> = fs::read_dir(agent.out.join("report"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    for f in &folded {
+        assert!(
+            on_disk.iter().any(|d| f.starts_with(&format!("{d}."))),
+            "{f} is the folded file of a deleted snapshot; on disk: {on_disk:?}"
+        );
+    }
+    let hits = hits_json(&o);
+    let secs: Vec<f64> = hits
+        .iter()
+        .filter_map(|h| h["seconds_into_run"].as_f64())
+        .collect();
+    assert!(!secs.is_empty(), "{}", text(&o));
+    assert!(secs.iter().all(|s| *s >= 0.0), "{secs:?}");
+    let page = fs::read_to_string(agent.out.join("report.html")).unwrap();
+    assert!(
+        page.contains("more deleted by --keep or --max-disk"),
+        "time span"
+    );
+    eprintln!(
+        "keep run in progress: {} folded files, {} on disk, s into run {secs:?}",
+        folded.len(),
+        on_disk.len()
+    );
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+}
+
+/// A slow call that slept all along has no CPU samples; the page says
+/// where its time went instead of asking for a higher --freq.
+#[test]
+fn a_blocked_call_is_not_told_to_raise_the_frequency() {
+    let mut t = Target::start(&target_path("target"), &["slow", "31"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "25ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    assert_eq!(run.hits().len(), 3, "{}", run.output());
+    let o = report(&[], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    let blocked = page.matches("a CPU profile has little to show").count();
+    assert!(blocked >= 1, "no blocked-call note in the page");
+    assert!(
+        page.matches("Record with a higher").count() < 3,
+        "every slept call was told to raise --freq"
+    );
+    eprintln!("blocked calls: {blocked} of 3 with the off-CPU note");
+}

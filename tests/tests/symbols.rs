@@ -264,6 +264,17 @@ fn refusals_explain_themselves() {
     stderr_has(&run, "libtrig.so");
     stderr_has(&run, "libuser");
     stderr_has(&run, "--object");
+    // Overloads in one object: their full names tell them apart.
+    let w = Target::start(&target_path("worker"), &["calls", "0", "0"]);
+    let run = refusal(w.pid(), &["--symbol", "work"]);
+    stderr_has(&run, "matches 2 functions in");
+    stderr_has(&run, "--symbol 'work(double)'");
+    stderr_has(&run, "--symbol 'work(int)'");
+    assert!(
+        !run.stderr.iter().any(|l| l.contains("--object PATH")),
+        "{}",
+        run.output()
+    );
     let run = refusal(u.pid(), &["--symbol", "lib_pick"]);
     stderr_has(&run, "IFUNC");
     stderr_has(&run, "lib_pick_fast");
@@ -491,6 +502,7 @@ fn a_versioned_name_picks_that_version() {
     let u = Target::start(&target_path("libuser"), &["common"]);
     let pid = u.pid().to_string();
     let mut offsets = Vec::new();
+    let mut symbols_armed = Vec::new();
     for version in ["versioned@V1", "versioned@@V2", "versioned"] {
         let mut a = Agent::start(&["--pid", &pid, "--symbol", version, "--json"]);
         a.wait_armed();
@@ -506,6 +518,7 @@ fn a_versioned_name_picks_that_version() {
             "{version}: {v}"
         );
         offsets.push(v["attach_offset"].clone());
+        symbols_armed.push(v["symbol"].as_str().unwrap_or("").to_string());
         a.proc.signal(libc::SIGINT);
         let run = a.finish(Duration::from_secs(30));
         assert_eq!(run.code, Some(0), "{version}: {}", run.output());
@@ -513,6 +526,21 @@ fn a_versioned_name_picks_that_version() {
     // Two versions, two functions; a plain name is the default version (@@).
     assert_ne!(offsets[0], offsets[1], "{offsets:?}");
     assert_eq!(offsets[2], offsets[1], "{offsets:?}");
+    // The armed event names the version picked, also for a plain name.
+    assert_eq!(
+        symbols_armed,
+        ["versioned@V1", "versioned@@V2", "versioned@@V2"]
+    );
+    // `symbols` lists both versions for a plain pattern.
+    let (code, out) = symbols(u.pid(), "versioned", false);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("versioned@V1") && out.contains("versioned@@V2"),
+        "{out}"
+    );
+    // The wrong separator is answered with the versions there are.
+    let run = refusal(u.pid(), &["--symbol", "versioned@V2"]);
+    stderr_has(&run, "versioned@@V2");
 }
 
 #[test]

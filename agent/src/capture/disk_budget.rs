@@ -6,7 +6,9 @@
 //! and does not list as deleted are ever counted or deleted, so files that
 //! mt-agent did not write are never touched. The file perf is writing
 //! (`perf.data`) counts towards the total but is never deleted, and neither
-//! is the snapshot that was just completed.
+//! is the snapshot that was just completed, nor the newest hit snapshot of
+//! its directory (a tail never pushes out the last hit). A budget too small
+//! for those is reported once ([`Keeper::enforce`] returns the overrun).
 //!
 //! With the [`BudgetScope::OutputRoot`] scope (config runs), the older runs
 //! under the output root are bounded as well: their snapshots go first,
@@ -93,6 +95,8 @@ pub struct Keeper {
     older_fixed: u64,
     /// Directories whose index a running recorder owns.
     live: HashSet<PathBuf>,
+    /// The newest hit snapshot of each directory, never deleted.
+    newest_hit: std::collections::HashMap<PathBuf, String>,
 }
 
 impl Keeper {
@@ -119,6 +123,7 @@ impl Keeper {
             older,
             older_fixed,
             live: HashSet::new(),
+            newest_hit: Default::default(),
         }
     }
 
@@ -132,13 +137,19 @@ impl Keeper {
         self.live.remove(dir);
     }
 
-    /// Call after a snapshot `newest` was indexed in `dir`: deletes what the
-    /// budget requires. Files of `dir` are only removed from disk (its
-    /// recorder indexes them as deleted, as it does for `--keep`); files of
-    /// other directories are also indexed as deleted there, unless a
-    /// recorder still owns that index (it then indexes them itself, at its
-    /// next snapshot or its end).
-    pub fn enforce(&mut self, dir: &Path, newest: &str) {
+    /// Call after a snapshot `newest` was indexed in `dir` (`hit`: it was
+    /// caused by a hit): deletes what the budget requires. Files of `dir` are
+    /// only removed from disk (its recorder indexes them as deleted, as it
+    /// does for `--keep`); files of other directories are also indexed as
+    /// deleted there, unless a recorder still owns that index (it then
+    /// indexes them itself, at its next snapshot or its end). Returns the
+    /// bytes still above the budget when only what is never deleted is left
+    /// (perf's open file, `newest`, the newest hit).
+    pub fn enforce(&mut self, dir: &Path, newest: &str, hit: bool) -> Option<u64> {
+        if hit {
+            self.newest_hit
+                .insert(dir.to_path_buf(), newest.to_string());
+        }
         let mut candidates = self.older.clone();
         let mut used = self.older_fixed;
         for d in index_dirs(&self.run_dir, 3) {
@@ -147,9 +158,13 @@ impl Keeper {
             used += fixed;
         }
         used += candidates.iter().map(|c| c.bytes).sum::<u64>();
-        let doomed = choose(&candidates, used, self.budget.bytes, |c| {
-            c.dir == dir && c.file == newest
-        });
+        let kept_hit = self.newest_hit.get(dir).cloned();
+        let protected = |c: &Candidate| {
+            c.dir == dir && (c.file == newest || kept_hit.as_deref() == Some(c.file.as_str()))
+        };
+        let doomed = choose(&candidates, used, self.budget.bytes, protected);
+        let freed: u64 = doomed.iter().map(|&i| candidates[i].bytes).sum();
+        let over = used.saturating_sub(freed).saturating_sub(self.budget.bytes);
         let mut gone = HashSet::new();
         for i in doomed {
             let c = &candidates[i];
@@ -170,6 +185,7 @@ impl Keeper {
         }
         self.older
             .retain(|c| !gone.contains(&(c.dir.clone(), c.file.clone())));
+        (over > 0).then_some(over)
     }
 }
 
@@ -358,7 +374,7 @@ mod tests {
             &run,
         );
         k.own(&run);
-        k.enforce(&run, "perf.data.04");
+        assert_eq!(k.enforce(&run, "perf.data.04", true), None);
         // 4000 bytes over a 2500 budget: both older snapshots go.
         assert!(!old.join("perf.data.01").exists());
         assert!(!old.join("perf.data.02").exists());
@@ -367,11 +383,42 @@ mod tests {
         assert_eq!(index.matches("\"deleted\"").count(), 2);
         // A smaller budget reaches this run, but never its newest file.
         k.budget.bytes = 500;
-        k.enforce(&run, "perf.data.04");
+        assert_eq!(k.enforce(&run, "perf.data.04", true), Some(500));
         assert!(!run.join("perf.data.03").exists());
         assert!(run.join("perf.data.04").exists());
         // The live recorder indexes its own deletions.
         let index = fs::read_to_string(run.join(INDEX_FILE)).unwrap();
         assert!(!index.contains("deleted"));
+    }
+
+    #[test]
+    fn a_tail_never_pushes_out_the_newest_hit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let mut index = String::new();
+        let mut k = Keeper::new(
+            DiskBudget {
+                bytes: 1,
+                scope: BudgetScope::Run,
+            },
+            d,
+        );
+        k.own(d);
+        for (f, kind) in [
+            ("perf.data.01", "hit"),
+            ("perf.data.02", "hit"),
+            ("perf.data.03", "tail"),
+        ] {
+            fs::write(d.join(f), vec![0u8; 1000]).unwrap();
+            index.push_str(&format!("{{\"kind\":\"{kind}\",\"file\":\"{f}\"}}\n"));
+            fs::write(d.join(INDEX_FILE), &index).unwrap();
+            let over = k.enforce(d, f, kind == "hit");
+            // A 1-byte budget holds nothing: the overrun is reported.
+            assert!(over.is_some_and(|b| b >= 999), "{f}: {over:?}");
+        }
+        // The older hit went; the newest hit stayed beside the tail.
+        assert!(!d.join("perf.data.01").exists());
+        assert!(d.join("perf.data.02").exists());
+        assert!(d.join("perf.data.03").exists());
     }
 }

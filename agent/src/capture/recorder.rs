@@ -32,7 +32,7 @@ use crate::{
     error::Failure,
     output::{
         events::{Printer, SnapshotEvent},
-        index::{Index, IndexedHit, OutputDir, Snapshot},
+        index::{Index, IndexedHit, OutputDir, Snapshot, SnapshotKind},
     },
     perf,
     perf::{
@@ -269,6 +269,8 @@ pub struct Recorder {
     index_path: PathBuf,
     printer: Arc<Printer>,
     counters: Arc<OnceLock<Counters>>,
+    /// Switch-outputs asked of perf (SIGUSR2s sent), for the busy-perf warning.
+    switches: u64,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
@@ -359,10 +361,12 @@ impl Recorder {
                 listed: Vec::new(),
                 indexed: HashSet::new(),
                 snapshots: 0,
+                warned_budget: false,
                 failed: None,
             }),
             printer,
             counters,
+            switches: 0,
             target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
             exe_id: proc::exe_id(tgid),
             spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
@@ -558,14 +562,11 @@ impl Recorder {
 
     fn sample_perf_cpu(&mut self, now: Now) {
         if let Some(cpu) = self.perf.cpu_time()
-            && let Some(frac) = self.spin.sample(now.at.duration_since(self.spawned), cpu)
+            && let Some(busy) =
+                self.spin
+                    .sample(now.at.duration_since(self.spawned), cpu, self.switches)
         {
-            self.printer.warning(&format!(
-                "perf (pid {}) is using {:.0}% of a core (for 2 s or more); perf 6.1 can spin \
-                 when threads of the target exit (fixed upstream in 2026)",
-                self.perf_pid(),
-                frac * 100.0
-            ));
+            self.printer.warning(&busy.warning(self.perf_pid()));
         }
     }
 
@@ -631,6 +632,7 @@ impl Recorder {
         for a in actions {
             match a {
                 Action::Switch => {
+                    self.switches += 1;
                     let _ = self.perf.switch();
                 }
                 // The state machine asks for `stop` only once the recorder
@@ -794,6 +796,8 @@ struct Indexing {
     /// Files indexed (on disk or deleted by --keep).
     indexed: HashSet<String>,
     snapshots: u64,
+    /// The `--max-disk` overrun was reported (once per recorder).
+    warned_budget: bool,
     /// The first write that failed, for the recorder to take.
     failed: Option<Arc<Mutex<Option<std::io::Error>>>>,
 }
@@ -848,7 +852,18 @@ impl Indexing {
             snapshot: &snap,
         });
         if let Some(k) = &self.keeper {
-            lock(k).enforce(&self.dir, &snap.file);
+            let over = lock(k).enforce(&self.dir, &snap.file, snap.kind == SnapshotKind::Hit);
+            if let Some(over) = over
+                && !self.warned_budget
+            {
+                self.warned_budget = true;
+                self.printer.warning(&format!(
+                    "--max-disk is {over} bytes short of what must stay: perf's open file, the \
+                     newest snapshot ({} bytes) and the newest hit snapshot are never deleted. \
+                     Raise --max-disk above a few snapshots",
+                    snap.bytes
+                ));
+            }
         }
         // perf's --switch-max-files (from --keep) and --max-disk delete the
         // oldest files.

@@ -6,7 +6,10 @@ use std::{fs, io, path::PathBuf};
 
 use crate::{
     error::Failure,
-    sys::proc::{PF_KTHREAD, exe_id, stat},
+    sys::{
+        caps,
+        proc::{PF_KTHREAD, exe_id, stat},
+    },
 };
 
 /// A process that may be traced.
@@ -56,9 +59,11 @@ pub fn check(pid: i32) -> Result<Target, Failure> {
     }
     let link = format!("/proc/{pid}/exe");
     let exe = fs::read_link(&link).map_err(|e| match e.kind() {
-        io::ErrorKind::PermissionDenied => Failure::environment(format!(
-            "cannot read {link} (permission denied); run as root or with the \
-             capabilities listed by `mt-agent check`"
+        io::ErrorKind::PermissionDenied => Failure::environment(exe_denied(
+            &link,
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() } == 0,
+            caps::has(caps::Capability::CAP_SYS_PTRACE),
         )),
         _ => Failure::usage(format!(
             "pid {pid} has no executable ({e}); give a user process"
@@ -80,6 +85,29 @@ pub fn check(pid: i32) -> Result<Target, Failure> {
     })
 }
 
+/// The refusal when `/proc/PID/exe` (`link`) cannot be read: what is
+/// missing, from whether this process is root and holds `CAP_SYS_PTRACE`.
+/// With the capability the kernel still refuses a process out of reach.
+fn exe_denied(link: &str, root: bool, ptrace: bool) -> String {
+    match (root, ptrace) {
+        (_, true) => format!(
+            "cannot read {link} (permission denied) although mt-agent holds CAP_SYS_PTRACE: \
+             the process is out of its reach (in a parent user namespace, such as the host \
+             outside this container, or refused by a security module); run the agent \
+             where the process is"
+        ),
+        (true, false) => format!(
+            "cannot read {link} (permission denied): mt-agent runs as root but without \
+             CAP_SYS_PTRACE, which reading another process's executable needs; grant \
+             CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE; systemd: AmbientCapabilities=)"
+        ),
+        (false, false) => format!(
+            "cannot read {link} (permission denied); run as root or with CAP_SYS_PTRACE \
+             (`mt-agent check` lists every capability needed)"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +119,22 @@ mod tests {
         // kthreadd is pid 2 on Linux.
         assert!(check(2).unwrap_err().message.contains("kernel thread"));
         assert!(check(i32::MAX).unwrap_err().message.contains("no process"));
+    }
+
+    #[test]
+    fn an_unreadable_exe_names_what_is_missing() {
+        let l = "/proc/1/exe";
+        let root_without = exe_denied(l, true, false);
+        assert!(root_without.contains("runs as root but without CAP_SYS_PTRACE"));
+        assert!(!root_without.contains("run as root"), "{root_without}");
+        let out_of_reach = exe_denied(l, true, true);
+        assert!(out_of_reach.contains("out of its reach"));
+        assert!(!out_of_reach.contains("run as root"), "{out_of_reach}");
+        assert!(exe_denied(l, false, false).contains("run as root or with CAP_SYS_PTRACE"));
+        let caps = crate::sys::caps::missing_message(&["CAP_SYS_PTRACE"], true);
+        assert!(!caps.contains("run as root"), "{caps}");
+        assert!(
+            crate::sys::caps::missing_message(&["CAP_SYS_ADMIN"], false).contains("run as root")
+        );
     }
 }

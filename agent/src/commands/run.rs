@@ -436,10 +436,19 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         trigger: index,
         event: shown.event.to_string(),
         freq: shown.settings.freq,
-        symbol: if res.probe_offset > 0 {
-            format!("{}+{:#x}", res.function.demangled, res.probe_offset)
-        } else {
-            res.function.demangled.clone()
+        symbol: {
+            // The version picked (`f@@V2`), which a plain name leaves unsaid.
+            let version = crate::symbols::names::SymbolName::new(&res.function.name)
+                .version
+                .unwrap_or_default();
+            if res.probe_offset > 0 {
+                format!(
+                    "{}{version}+{:#x}",
+                    res.function.demangled, res.probe_offset
+                )
+            } else {
+                format!("{}{version}", res.function.demangled)
+            }
         },
         object: res.object.path.clone(),
         attach_offset: res.attach_offset,
@@ -704,7 +713,9 @@ fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure>
     if tail_jumps + indirect > 0 {
         printer.warning(&format!(
             "--slower-than: {} return(s) probed; {tail_jumps} tail jump(s) and {indirect} indirect \
-             jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return)",
+             jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return). \
+             --use-uretprobe times every return (refused on Go; it breaks C++ exception unwinding \
+             through the function)",
             offsets.len(),
             f.demangled
         ));

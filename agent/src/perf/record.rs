@@ -533,14 +533,58 @@ impl Drop for PerfProcess {
 }
 
 /// Detects a perf that keeps a core busy: over a sliding window (2 s), the
-/// CPU time perf used divided by the wall time passed. perf 6.1 can spin at
-/// 100% when threads of a `-p` target exit (docs/perf-switch-output.md).
+/// CPU time perf used divided by the wall time passed, and the switch-outputs
+/// it was asked for in that time. Two causes are known
+/// (docs/perf-switch-output.md): perf's own work at each switch-output, and
+/// perf 6.1 spinning when threads of a `-p` target exit.
 #[derive(Debug)]
 pub struct SpinDetector {
     window: Duration,
     threshold: f64,
-    samples: VecDeque<(Duration, Duration)>,
+    /// (wall time, perf's CPU time, switch-outputs asked for so far).
+    samples: VecDeque<(Duration, Duration, u64)>,
     spinning: bool,
+}
+
+/// A busy perf, as [`SpinDetector`] saw it over its window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Busy {
+    /// perf's CPU time over wall time (1.0 is a whole core).
+    pub cpu_frac: f64,
+    /// Switch-outputs asked of perf per second of wall time.
+    pub switches_per_s: f64,
+}
+
+/// perf 6.1's CPU work per switch-output, seconds: it re-reads
+/// `/proc/kallsyms` at every switch (docs/disarming.md has the measurement).
+pub const PERF_CPU_PER_SWITCH_S: f64 = 0.045;
+
+impl Busy {
+    /// Whether the switch-outputs account for at least half of perf's CPU.
+    pub fn from_switches(&self) -> bool {
+        self.switches_per_s * PERF_CPU_PER_SWITCH_S >= self.cpu_frac / 2.0
+    }
+
+    /// The warning: perf's share of a core, and the cause with what to do.
+    pub fn warning(&self, perf_pid: i32) -> String {
+        let head = format!(
+            "perf (pid {perf_pid}) is using {:.0}% of a core (for 2 s or more)",
+            self.cpu_frac * 100.0
+        );
+        if self.from_switches() {
+            format!(
+                "{head}: {:.0} switch-outputs a second, and perf 6.1 re-reads /proc/kallsyms at \
+                 every one (~40-50 ms of CPU each); hits that come while it works are merged \
+                 into one snapshot. Ask for fewer hits a second: a longer --cooldown, --max-rate \
+                 or --every",
+                self.switches_per_s
+            )
+        } else {
+            format!(
+                "{head}; perf 6.1 can spin when threads of the target exit (fixed upstream in 2026)"
+            )
+        }
+    }
 }
 
 impl SpinDetector {
@@ -554,15 +598,16 @@ impl SpinDetector {
         }
     }
 
-    /// Feeds one sample: wall time and perf's total CPU time at that moment.
-    /// Returns the CPU fraction when a spin starts (once per episode).
-    pub fn sample(&mut self, wall: Duration, cpu: Duration) -> Option<f64> {
-        self.samples.push_back((wall, cpu));
+    /// Feeds one sample: wall time, perf's total CPU time and the
+    /// switch-outputs asked of it so far. Returns what perf did over the
+    /// window when a busy episode starts (once per episode).
+    pub fn sample(&mut self, wall: Duration, cpu: Duration, switches: u64) -> Option<Busy> {
+        self.samples.push_back((wall, cpu, switches));
         // Keep the newest sample that is at least `window` old, and after.
         while self.samples.len() > 2 && wall.saturating_sub(self.samples[1].0) >= self.window {
             self.samples.pop_front();
         }
-        let (w0, c0) = *self.samples.front()?;
+        let (w0, c0, s0) = *self.samples.front()?;
         let span = wall.saturating_sub(w0);
         if span < self.window {
             return None;
@@ -571,7 +616,10 @@ impl SpinDetector {
         if frac > self.threshold {
             if !self.spinning {
                 self.spinning = true;
-                return Some(frac);
+                return Some(Busy {
+                    cpu_frac: frac,
+                    switches_per_s: switches.saturating_sub(s0) as f64 / span.as_secs_f64(),
+                });
             }
         } else {
             self.spinning = false;
@@ -690,15 +738,15 @@ mod tests {
         let mut d = SpinDetector::new(ms(2000), 0.9);
         // Idle for 3 s: no warning.
         for t in 0..=6 {
-            assert_eq!(d.sample(ms(t * 500), ms(t * 10)), None);
+            assert_eq!(d.sample(ms(t * 500), ms(t * 10), 0), None);
         }
         // Then spinning at 100%: no warning until 2 s of it have passed.
         let base = ms(60);
         let mut warned = Vec::new();
         for i in 1..=8 {
             let t = ms(3000 + i * 500);
-            if let Some(f) = d.sample(t, base + ms(i * 500)) {
-                warned.push((i, f));
+            if let Some(f) = d.sample(t, base + ms(i * 500), 0) {
+                warned.push((i, f.cpu_frac));
             }
         }
         assert_eq!(warned.len(), 1, "{warned:?}");
@@ -708,13 +756,38 @@ mod tests {
         let mut cpu = base + ms(4000);
         for i in 1..=8 {
             cpu += ms(250);
-            assert_eq!(d.sample(ms(7000 + i * 500), cpu), None);
+            assert_eq!(d.sample(ms(7000 + i * 500), cpu, 0), None);
         }
         let mut again = 0;
         for i in 1..=6 {
             cpu += ms(500);
-            again += usize::from(d.sample(ms(11000 + i * 500), cpu).is_some());
+            again += usize::from(d.sample(ms(11000 + i * 500), cpu, 0).is_some());
         }
         assert_eq!(again, 1);
+    }
+
+    #[test]
+    fn a_busy_perf_is_blamed_on_what_it_was_asked_to_do() {
+        let s = Duration::from_secs;
+        let mut d = SpinDetector::new(s(2), 0.9);
+        assert_eq!(d.sample(s(0), s(0), 0), None);
+        // 33 switch-outputs a second for 2 s, perf at 100%: the switches.
+        let busy = d.sample(s(2), s(2), 66).expect("busy");
+        assert!((busy.switches_per_s - 33.0).abs() < 1e-9, "{busy:?}");
+        assert!(busy.from_switches());
+        let w = busy.warning(7);
+        assert!(w.contains("33 switch-outputs a second"), "{w}");
+        assert!(
+            w.contains("/proc/kallsyms") && w.contains("--cooldown"),
+            "{w}"
+        );
+        assert!(!w.contains("threads"), "{w}");
+        // The same CPU with one switch in 2 s: not the switches.
+        let quiet = Busy {
+            cpu_frac: 1.0,
+            switches_per_s: 0.5,
+        };
+        assert!(!quiet.from_switches());
+        assert!(quiet.warning(7).contains("threads of the target exit"));
     }
 }

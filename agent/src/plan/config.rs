@@ -62,17 +62,44 @@ pub struct Config {
 /// TOML, unknown keys, a trigger without exactly one of `exe` and `pid`, or
 /// without `symbol`.
 pub fn load(path: &std::path::Path) -> Result<Config, Failure> {
-    let text = fs::read_to_string(path)
+    let text = read_regular(path)
         .map_err(|e| Failure::usage(format!("cannot read --config {}: {e}", path.display())))?;
     parse(&text).map_err(|f| {
         Failure::usage(format!("--config {}: {}", path.display(), f.message)).with_detail(f.detail)
     })
 }
 
+/// Reads a regular file; anything else (a FIFO, a device, a directory) is
+/// refused at once. The open does not block: `O_NONBLOCK` makes opening a
+/// FIFO with no writer return, and the file type is checked on the fd.
+fn read_regular(path: &std::path::Path) -> std::io::Result<String> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = f.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a FIFO, device or directory); give a TOML file",
+        ));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// Parses config text (see [`load`]).
 pub fn parse(text: &str) -> Result<Config, Failure> {
     let mut c: Config = toml::from_str(text).map_err(|e| {
-        Failure::usage(e.message().to_string())
+        let mut message = e.message().to_string();
+        // serde stops at the first unknown key: name each trigger's too.
+        for (i, key) in unknown_trigger_keys(text) {
+            if !message.contains(&format!("`{key}`")) {
+                message.push_str(&format!("; trigger {i}: unknown field `{key}`"));
+            }
+        }
+        Failure::usage(message)
             .with_detail(e.span().map(|s| format!("at byte {} of the file", s.start)))
     })?;
     if c.triggers.is_empty() {
@@ -103,6 +130,26 @@ pub fn parse(text: &str) -> Result<Config, Failure> {
         }
     }
     Ok(c)
+}
+
+/// The first unknown key of each `[[trigger]]` that has one, by trigger
+/// index (0-based), as serde names it; empty when the text is not TOML.
+fn unknown_trigger_keys(text: &str) -> Vec<(usize, String)> {
+    let Ok(table) = toml::from_str::<toml::Table>(text) else {
+        return Vec::new();
+    };
+    let Some(toml::Value::Array(triggers)) = table.get("trigger") else {
+        return Vec::new();
+    };
+    triggers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let err = TriggerOptions::deserialize(t.clone()).err()?.to_string();
+            let key = err.split("unknown field `").nth(1)?.split('`').next()?;
+            Some((i, key.to_string()))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -144,6 +191,12 @@ mod tests {
         );
         assert!(err("[[trigger]]\npid = 1").contains("symbol is required"));
         assert!(err("[[trigger]]\npid = 1\nsymbol = \"f\"\ncolor = 3").contains("unknown field"));
+        // A trigger's unknown key is named after an unknown key above it.
+        let both = err("colour = 1\n[[trigger]]\npid = 1\nsymbol = \"f\"\ncolor = 3");
+        assert!(both.contains("`colour`"), "{both}");
+        assert!(both.contains("trigger 0: unknown field `color`"), "{both}");
+        let second = err("[[trigger]]\npid = 1\nsymbol = \"f\"\n[[trigger]]\npid = 2\nflavor = 1");
+        assert!(second.contains("`flavor`"), "{second}");
         assert!(err("[[trigger]]\nname=\"a\"\npid = 1\nsymbol = \"f\"\n[[trigger]]\nname=\"a\"\npid = 2\nsymbol = \"g\"").contains("named"));
     }
 }

@@ -216,15 +216,12 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
         esc(&hit.moment_file.display().to_string())
     );
     if n < FEW_SAMPLES {
+        let on_cpu = hit.off_cpu.as_ref().map(|o| o.on_cpu_ns);
+        let longer_window = p.window_ns > 0 && !sp.call;
         let _ = write!(
             h,
-            "<p class=\"warn\">Only {n} samples in this moment: too few to mean much. Record with a \
-             higher <code>--freq</code> (e.g. <code>-F 4999</code>){}.</p>",
-            if p.window_ns > 0 && !sp.call {
-                " or report with a longer --window"
-            } else {
-                ""
-            }
+            "<p class=\"warn\">{}</p>",
+            few_samples_advice(n, on_cpu, longer_window)
         );
     }
     graph(h, "The moment on the hit's thread", &hit.moment, "moment");
@@ -281,4 +278,53 @@ fn display_dir(rel: &std::path::Path) -> String {
 
 fn display_file(f: &FileReport) -> String {
     f.dir.join(&f.line.snapshot.file).display().to_string()
+}
+
+/// The highest `--freq` the advice names, Hz.
+const HIGH_FREQ: u64 = 4999;
+
+/// What to say of a moment with `n` (< [`FEW_SAMPLES`]) samples. A thread
+/// that was on CPU for `on_cpu_ns` of it (from the off-CPU breakdown, when
+/// recorded) gives samples only for that time: when even [`HIGH_FREQ`]
+/// would give fewer than [`FEW_SAMPLES`] there, no frequency helps and the
+/// off-CPU breakdown is where the time went.
+fn few_samples_advice(n: u64, on_cpu_ns: Option<u64>, longer_window: bool) -> String {
+    let head = format!("Only {n} samples in this moment: too few to mean much.");
+    if let Some(on) = on_cpu_ns
+        && on.saturating_mul(HIGH_FREQ) / 1_000_000_000 < FEW_SAMPLES
+    {
+        return format!(
+            "{head} The thread was on CPU for only {} of it, so a CPU profile has little to \
+             show at any <code>--freq</code>: its time is in the off-CPU breakdown below.",
+            human_ns(on)
+        );
+    }
+    format!(
+        "{head} Record with a higher <code>--freq</code> (e.g. <code>-F {HIGH_FREQ}</code>){}.",
+        if longer_window {
+            " or report with a longer --window"
+        } else {
+            ""
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocked_moment_is_not_told_to_raise_the_frequency() {
+        // 100% blocked: no frequency gives samples.
+        let blocked = few_samples_advice(0, Some(0), false);
+        assert!(!blocked.contains("--freq</code> (e.g."), "{blocked}");
+        assert!(blocked.contains("off-CPU breakdown"), "{blocked}");
+        // 2 ms on CPU: 9 samples even at 4999 Hz.
+        assert!(few_samples_advice(1, Some(2_000_000), false).contains("off-CPU"));
+        // 50 ms on CPU at a low frequency: a higher one helps.
+        let low = few_samples_advice(5, Some(50_000_000), true);
+        assert!(low.contains("-F 4999") && low.contains("--window"), "{low}");
+        // No breakdown recorded: the frequency advice as before.
+        assert!(few_samples_advice(3, None, false).contains("-F 4999"));
+    }
 }

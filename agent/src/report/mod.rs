@@ -66,7 +66,8 @@ pub struct Page {
 }
 
 impl Page {
-    /// Seconds from the directory's first sample to the hit.
+    /// Seconds from the directory's first sample (of every snapshot the index
+    /// lists, deleted ones included) to the hit.
     pub fn seconds_into_run(&self, f: &FileReport, hit: &IndexedHit) -> Option<f64> {
         let start = *self.starts.get(&f.dir)?;
         Some((hit.ktime_ns as f64 - start as f64) / 1e9)
@@ -179,7 +180,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
     for f in &files {
         let (c, t) = moments::truncated(&f.all);
         truncated = (truncated.0 + c, truncated.1 + t);
-        if let Some((lo, _)) = f.span_ns {
+        if let Some(lo) = earliest(f) {
             let s = starts.entry(f.dir.clone()).or_insert(lo);
             *s = (*s).min(lo);
         }
@@ -192,6 +193,22 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
         truncated,
         starts,
     })
+}
+
+/// The earliest time a snapshot line knows, CLOCK_MONOTONIC ns: its first
+/// sample as the index recorded it (so a file `--keep` deleted still counts),
+/// the first sample read from the file, or a hit. The run's start, "s into
+/// run"'s zero, is the earliest of its directory's.
+fn earliest(f: &FileReport) -> Option<u64> {
+    let s = &f.line.snapshot;
+    [
+        s.span.map(|sp| sp.first_sample_ns),
+        f.span_ns.map(|(lo, _)| lo),
+        s.hits.iter().map(|h| h.ktime_ns).min(),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
 }
 
 /// Writes the folded files and the page; returns the page's path.
@@ -220,9 +237,45 @@ fn write_all(p: &Page) -> Result<PathBuf, Failure> {
             }
         }
     }
+    for f in p
+        .files
+        .iter()
+        .filter(|f| f.status == model::Status::Deleted)
+    {
+        remove_stale_folded(&folded.join(&f.dir), &f.line.snapshot.file);
+    }
     let path = p.out.join(PAGE);
     write::replace(&path, html::page(p).as_bytes()).map_err(fail)?;
     Ok(path)
+}
+
+/// Removes the folded files an earlier report wrote in `dir` for the
+/// snapshot `file`, which `--keep` or `--max-disk` has since deleted:
+/// `<file>.all.folded`, `<file>[.<seq>].moment.folded`, `...offcpu.folded`.
+fn remove_stale_folded(dir: &Path, file: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{file}.");
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if is_folded_of(&name, &prefix) && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Whether `name` is a folded file of the snapshot `prefix` names
+/// (`perf.data.<digits>.`): what follows is `all`, `moment` or `offcpu`,
+/// after an optional hit number.
+fn is_folded_of(name: &str, prefix: &str) -> bool {
+    let Some(rest) = name.strip_prefix(prefix) else {
+        return false;
+    };
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    let rest = rest.strip_prefix('.').unwrap_or(rest);
+    ["all.folded", "moment.folded", "offcpu.folded"].contains(&rest)
 }
 
 /// One warning line per snapshot that could not be read; returns how many.
@@ -282,4 +335,31 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "blocked_ns": x.off_cpu.map(|o| o.breakdown.blocked_ns),
         "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folded_files_are_matched_to_their_snapshot_only() {
+        let p = "perf.data.2026120100000001.";
+        for name in [
+            "perf.data.2026120100000001.all.folded",
+            "perf.data.2026120100000001.moment.folded",
+            "perf.data.2026120100000001.3.moment.folded",
+            "perf.data.2026120100000001.offcpu.folded",
+            "perf.data.2026120100000001.12.offcpu.folded",
+        ] {
+            assert!(is_folded_of(name, p), "{name}");
+        }
+        for name in [
+            "perf.data.20261201000000012.all.folded",
+            "perf.data.2026120100000001.all.folded.tmp",
+            "perf.data.2026120100000001",
+            "notes.txt",
+        ] {
+            assert!(!is_folded_of(name, p), "{name}");
+        }
+    }
 }

@@ -24,7 +24,9 @@ use crate::output::{
 pub enum Status {
     /// Read.
     Read,
-    /// `--keep` deleted it, as the index says.
+    /// `--keep` or `--max-disk` deleted it, as the index says, or, in a run
+    /// in progress (whose index says so later), it is gone with every file
+    /// listed before it: those delete the oldest first.
     Deleted,
     /// The index names it but it is gone (or is not a regular file).
     Missing(String),
@@ -47,7 +49,7 @@ impl Status {
     pub fn describe(&self) -> String {
         match self {
             Status::Read => "read".into(),
-            Status::Deleted => "deleted by --keep".into(),
+            Status::Deleted => "deleted by --keep or --max-disk".into(),
             Status::Missing(e) => format!("missing ({e})"),
             Status::Truncated { have, want } => {
                 format!("truncated: {have} bytes of the {want} the index lists")
@@ -93,9 +95,9 @@ pub struct FileReport {
 
 /// Reads every file of every index directory, `jobs` at a time.
 pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<FileReport> {
-    let work: Vec<(&RunDir, &SnapshotLine<'static>)> = runs
+    let work: Vec<(&RunDir, usize, &SnapshotLine<'static>)> = runs
         .iter()
-        .flat_map(|r| r.entries.iter().map(move |e| (r, e)))
+        .flat_map(|r| r.entries.iter().enumerate().map(move |(i, e)| (r, i, e)))
         .collect();
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<(usize, FileReport)>> = Mutex::new(Vec::new());
@@ -104,10 +106,10 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((run, line)) = work.get(i) else {
+                    let Some((run, pos, line)) = work.get(i) else {
                         break;
                     };
-                    let r = one_file(run, line, perf, window_ns);
+                    let r = one_file(run, *pos, line, perf, window_ns);
                     done.lock().expect("not poisoned").push((i, r));
                 }
             });
@@ -118,7 +120,13 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
     done.into_iter().map(|(_, r)| r).collect()
 }
 
-fn one_file(run: &RunDir, line: &SnapshotLine<'static>, perf: &Path, window_ns: u64) -> FileReport {
+fn one_file(
+    run: &RunDir,
+    pos: usize,
+    line: &SnapshotLine<'static>,
+    perf: &Path,
+    window_ns: u64,
+) -> FileReport {
     let snapshot = &line.snapshot;
     let mut rep = FileReport {
         dir: run.rel.clone(),
@@ -133,6 +141,7 @@ fn one_file(run: &RunDir, line: &SnapshotLine<'static>, perf: &Path, window_ns: 
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
+        Err(_) if rotated_away(run, pos) => Err(Status::Deleted),
         Err(e) => Err(Status::Missing(e.to_string())),
         Ok(f) => match f.metadata().map(|m| m.len()) {
             Ok(have) if have < snapshot.bytes => Err(Status::Truncated {
@@ -155,6 +164,27 @@ fn one_file(run: &RunDir, line: &SnapshotLine<'static>, perf: &Path, window_ns: 
             .collect();
     }
     rep
+}
+
+/// Whether the file at `pos` in `run`'s index was rotated away: in a run
+/// in progress (perf's open `perf.data` is there), it is gone, and so is
+/// every file listed before it. `--keep` (perf's
+/// `--switch-max-files`) and `--max-disk` delete the oldest first, and the
+/// recorder indexes that later. Checked when the file is found gone, so a
+/// file rotated while the report runs counts too. A run that ended has
+/// indexed its deletions, so a file gone from it is missing.
+fn rotated_away(run: &RunDir, pos: usize) -> bool {
+    let gone = |f: &str| std::fs::symlink_metadata(run.path.join(f)).is_err();
+    !gone("perf.data")
+        && all_gone(
+            run.entries[..pos].iter().map(|e| e.snapshot.file.as_str()),
+            gone,
+        )
+}
+
+/// Whether `gone` holds for each of `files`. Pure.
+fn all_gone<'a>(mut files: impl Iterator<Item = &'a str>, gone: impl Fn(&str) -> bool) -> bool {
+    files.all(gone)
 }
 
 fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
@@ -190,5 +220,21 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
             offcpu::add_stacks(o, s, h.tid);
         }
         rep.hits.push(hr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_oldest_gone_files_count_as_rotated_away() {
+        let gone = ["a", "b", "d"];
+        let is_gone = |f: &str| gone.contains(&f);
+        let before = |n: usize| ["a", "b", "c", "d", "e"].into_iter().take(n);
+        // "b" is gone after gone files: rotated.
+        assert!(all_gone(before(1), is_gone));
+        // "d" is gone after "c", which is there: damage, not rotation.
+        assert!(!all_gone(before(3), is_gone));
     }
 }

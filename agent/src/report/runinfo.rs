@@ -2,7 +2,10 @@
 //! (from perf's command line in the snapshots' headers), counters (from the
 //! index), and hit times on the wall clock (from perf's file names).
 
-use super::{Page, model::FileReport};
+use super::{
+    Page,
+    model::{FileReport, Status},
+};
 use crate::output::{counters::CounterValues, index::IndexedHit, runs::RunDir};
 
 /// One row of the page's "The run" table.
@@ -13,6 +16,24 @@ pub struct RunInfo {
     pub freq: String,
     pub span: String,
     pub counters: String,
+}
+
+/// The time span cell: the samples read (first to last, ns) and the files
+/// they came from; files deleted by `--keep` or `--max-disk` are counted
+/// apart, since nothing of them was read.
+fn span_text(span: Option<(u64, u64)>, read: usize, deleted: usize) -> String {
+    let gone = if deleted > 0 {
+        format!(" ({deleted} more deleted by --keep or --max-disk)")
+    } else {
+        String::new()
+    };
+    match span {
+        Some((a, b)) => format!(
+            "{:.3} s of samples, in {read} file(s){gone}",
+            b.saturating_sub(a) as f64 / 1e9
+        ),
+        None => format!("{read} file(s) read, no samples{gone}"),
+    }
 }
 
 /// The row for one index directory.
@@ -54,14 +75,9 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
     );
     let lo = files.iter().filter_map(|f| f.span_ns.map(|s| s.0)).min();
     let hi = files.iter().filter_map(|f| f.span_ns.map(|s| s.1)).max();
-    let span = match lo.zip(hi) {
-        Some((a, b)) => format!(
-            "{:.3} s of samples, in {} file(s)",
-            (b - a) as f64 / 1e9,
-            files.len()
-        ),
-        None => format!("{} file(s), no samples read", files.len()),
-    };
+    let read = files.iter().filter(|f| f.status == Status::Read).count();
+    let deleted = files.iter().filter(|f| f.status == Status::Deleted).count();
+    let span = span_text(lo.zip(hi), read, deleted);
     let counters = files
         .last()
         .map(|f| counters(&f.line.counters))
@@ -146,6 +162,22 @@ pub fn wall_clock(f: &FileReport, hit: &IndexedHit) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_span_counts_the_files_read_and_the_deleted_apart() {
+        assert_eq!(
+            span_text(Some((0, 1_500_000_000)), 20, 1567),
+            "1.500 s of samples, in 20 file(s) (1567 more deleted by --keep or --max-disk)"
+        );
+        assert_eq!(
+            span_text(Some((0, 0)), 3, 0),
+            "0.000 s of samples, in 3 file(s)"
+        );
+        assert_eq!(
+            span_text(None, 0, 2),
+            "0 file(s) read, no samples (2 more deleted by --keep or --max-disk)"
+        );
+    }
 
     #[test]
     fn options_of_perfs_command_line() {

@@ -562,12 +562,38 @@ fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>
             })
         }
         n => Err(ResolveError::Other(
-            Failure::usage(format!(
-                "{query} matches {n} functions; pick one with --object PATH|NAME \
-                 (or give the full mangled or versioned name)"
-            ))
-            .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
+            Failure::usage(ambiguous(query, n, &callable))
+                .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
         )),
+    }
+}
+
+/// The refusal of a name that matches `n` functions: overloads in one
+/// object are told apart by their full names (`work(double)`), functions
+/// in several objects by `--object`.
+fn ambiguous(query: &str, n: usize, callable: &[&Candidate<'_>]) -> String {
+    let one_object = callable
+        .windows(2)
+        .all(|w| std::ptr::eq(w[0].view, w[1].view));
+    let mut full: Vec<String> = callable
+        .iter()
+        .map(|c| SymbolName::new(&c.sym.name).demangled)
+        .collect();
+    full.dedup();
+    if one_object && full.len() == n {
+        format!(
+            "{query} matches {n} functions in {}; give one by its full name: {}",
+            callable[0].view.label(),
+            full.iter()
+                .map(|f| format!("--symbol '{f}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        format!(
+            "{query} matches {n} functions; pick one with --object PATH|NAME \
+             (or give the full mangled or versioned name)"
+        )
     }
 }
 
@@ -748,6 +774,39 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
         ))
         .with_detail(detail);
     }
+    // `f@V2` when the object has `f@@V2` (or the reverse): the versions of
+    // that name are the suggestion.
+    let base = names::strip_version(query);
+    let mut versions: Vec<String> = Vec::new();
+    if base != query {
+        for v in views {
+            for s in v
+                .dynsym()
+                .iter()
+                .filter(|s| s.kind == SymKind::Func || s.kind == SymKind::Ifunc)
+            {
+                if names::strip_version(&s.name) == base && !versions.contains(&s.name) {
+                    versions.push(s.name.clone());
+                }
+            }
+        }
+    }
+    if !versions.is_empty() {
+        return Failure::usage(format!(
+            "no function {query} {scope}; its versions here are {} (`@@` is the default \
+             version, `@` a compatibility one)",
+            versions.join(", ")
+        ))
+        .with_detail(detail);
+    }
+    if let Some(near) = similar.first().filter(|s| names::is_close(query, s)) {
+        return Failure::usage(format!(
+            "no function {query} {scope}; did you mean {near}? If not, it is not mapped (yet): \
+             if a library that has it is loaded later (dlopen), give a capture run \
+             --wait-for-symbol DURATION"
+        ))
+        .with_detail(detail);
+    }
     Failure::usage(format!(
         "no function {query} {scope}: it is not mapped (yet); if a library that has it is \
          loaded later (dlopen), give a capture run --wait-for-symbol DURATION, otherwise \
@@ -861,7 +920,10 @@ fn list_unbudgeted(
                 _ if resolvers.contains(&s.value) => "ifunc resolver",
                 _ => "function",
             };
-            if !seen.insert((s.value, kind)) {
+            // A versioned `.dynsym` name (`f@@V2`) is listed even where
+            // `.symtab` named the same address: it is what --symbol takes.
+            let version = n.version.clone().unwrap_or_default();
+            if !seen.insert((s.value, kind, version)) {
                 continue;
             }
             let Some(f) = v.function(s) else { continue };

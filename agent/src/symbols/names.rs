@@ -186,9 +186,23 @@ pub fn closest<'a>(query: &str, names: impl IntoIterator<Item = &'a str>, n: usi
         .collect()
 }
 
+/// Whether `name` is close enough to `query` to be what was meant: at most
+/// one edit in four characters (at least one).
+pub fn is_close(query: &str, name: &str) -> bool {
+    strsim::levenshtein(query, name) <= (query.chars().count() / 4).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_close_name_is_one_edit_in_four_characters() {
+        assert!(is_close("triger", "trigger"));
+        assert!(is_close("handle_reqest", "handle_request"));
+        assert!(!is_close("f", "main"));
+        assert!(!is_close("trigger", "f_slow"));
+    }
 
     #[test]
     fn plain_c_names_match_exactly() {

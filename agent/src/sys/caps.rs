@@ -13,7 +13,8 @@
 //! belongs to another user. perf, which mt-agent starts, needs the same and
 //! gets them as ambient capabilities across `execve` ([`raise_ambient`]).
 
-use caps::{CapSet, Capability};
+use caps::CapSet;
+pub use caps::Capability;
 
 use crate::error::Failure;
 
@@ -101,12 +102,27 @@ pub fn check(pid: Option<i32>) -> Result<(), Failure> {
         return Ok(());
     }
     let names: Vec<&str> = missing.iter().map(|r| r.name).collect();
-    Err(Failure::environment(format!(
-        "missing privileges: {}; run as root (sudo mt-agent ...), or grant {LEAST_SET} \
-         (`mt-agent check` explains each)",
-        names.join(", ")
-    ))
-    .with_detail(missing.iter().map(|r| format!("{}: {}", r.name, r.why))))
+    Err(Failure::environment(missing_message(&names, euid == 0))
+        .with_detail(missing.iter().map(|r| format!("{}: {}", r.name, r.why))))
+}
+
+/// The refusal for missing capabilities `names`. Root that lacks them had
+/// them dropped (a container, a service's `CapabilityBoundingSet=`):
+/// "run as root" would not help, granting them does.
+pub fn missing_message(names: &[&str], root: bool) -> String {
+    let names = names.join(", ");
+    if root {
+        format!(
+            "missing privileges: mt-agent runs as root but without {names} (dropped from its \
+             capability set, as containers and services do); grant {names} (docker: \
+             --cap-add; systemd: AmbientCapabilities=) (`mt-agent check` explains each)"
+        )
+    } else {
+        format!(
+            "missing privileges: {names}; run as root (sudo mt-agent ...), or grant \
+             {LEAST_SET} (`mt-agent check` explains each)"
+        )
+    }
 }
 
 /// Raises every needed capability this process holds into its inheritable
