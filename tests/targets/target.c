@@ -15,6 +15,8 @@
  *   target slowthreads T N       slow on T threads at once
  *   target slowwait N            slow N, then waits until killed
  *   target slowmix N             f_mix(i) for i in 0..N: 60 ms if i % 10 == 9, else 20 ms
+ *   target long N MS             f_long(i) for i in 0..N back to back: even i burn MS ms of CPU,
+ *                                odd i sleep MS ms
  *   target after                 f_after burns 30 ms of CPU after entry
  *   target fork                  a forked child calls trigger 5 times; the parent does not
  *   target exec PATH...          execs PATH after the go signal
@@ -105,6 +107,17 @@ __attribute__((noipa)) long f_slow(long i) {
  * for every tenth (i % 10 == 9). */
 __attribute__((noipa)) long f_mix(long i) {
   sleep_ms(i % 10 == 9 ? 60 : 20);
+  sink += (uint64_t)i;
+  return i * 2;
+}
+
+/* Back-to-back slow calls, CPU-bound (even i) or sleeping (odd i). */
+static long g_long_ms;
+__attribute__((noipa)) long f_long(long i) {
+  if (i % 2 == 0)
+    burn_ms(g_long_ms);
+  else
+    sleep_ms(g_long_ms);
   sink += (uint64_t)i;
   return i * 2;
 }
@@ -252,6 +265,9 @@ int main(int argc, char **argv) {
     }
     printf("calls %llu in %.3f s\n", (unsigned long long)n, (double)(now_ns() - t0) / 1e9);
     fflush(stdout); /* the bench reads it while the agent still runs */
+  } else if (!strcmp(mode, "long")) {
+    g_long_ms = b;
+    for (long i = 0; i < a; i++) f_long(i);
   } else if (!strcmp(mode, "slowmix")) {
     for (long i = 0; i < a; i++) f_mix(i);
   } else if (!strcmp(mode, "slow")) {

@@ -405,7 +405,7 @@ fn trigger_setups(
             out,
             // One probe serves every process of an --exe, each with its own
             // cooldown: detaching it would miss the others' hits.
-            disarm: crate::plan::conditions::closed_after_hit(&t.filters)
+            disarm: crate::plan::conditions::disarmed_after_hit(&t.filters)
                 .filter(|_| pid.is_some() && !t.always_armed),
             off_cpu: t.off_cpu,
             watch: r.watch,

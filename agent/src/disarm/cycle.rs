@@ -8,9 +8,11 @@
 //! the driver does the I/O and gives it the time (CLOCK_MONOTONIC ns, the
 //! clock of the hits' `ktime_ns`).
 //!
-//! Only a `--pid` trigger with a cooldown disarms: with `--exe` each
-//! process has its own cooldown and one probe serves them all, so another
-//! process's hit would be missed.
+//! Only a `--pid` trigger with a cooldown and no `--slower-than` disarms
+//! (`plan::conditions::disarmed_after_hit`): with `--exe` each process has
+//! its own cooldown and one probe serves them all, so another process's hit
+//! would be missed; a `--slower-than` call entering during the cooldown
+//! would not be timed.
 
 use crate::output::index::DisarmCounters;
 

@@ -1061,8 +1061,7 @@ impl Driver {
                 .and_then(|s| slots[*s].as_ref())
                 .is_some_and(Recorder::recording)
         };
-        self.disarming
-            .rearm_due(self.probes.as_mut(), &self.setup.printer, recording);
+        self.disarming.rearm_due(self.probes.as_ref(), recording);
     }
 
     /// The arming thread made (or failed to make) a trigger's event
