@@ -24,6 +24,8 @@
  *   target wait                  waits until killed
  *   target stamp N GAP_MS [FN]   FN(CLOCK_MONOTONIC ns) N times, GAP_MS apart; prints each stamp
  *   target bench FN N REPS       REPS times: FN (push|nop5|step|trigger) N times; prints ns per call
+ *   target early MS              trigger(0) at once after exec, then "ready", then trigger(1)
+ *                                MS ms later, and exits (no go line)
  *   target busy N GAP_MS         two threads burn CPU; every GAP_MS the main one prints "halfway"
  *                                at half the gap, then calls trigger(i); N = 0: burn GAP_MS, no call
  */
@@ -224,6 +226,16 @@ int main(int argc, char **argv) {
   long a = argc > 2 ? strtol(argv[2], NULL, 0) : 0;
   long b = argc > 3 ? strtol(argv[3], NULL, 0) : 0;
   long c = argc > 4 ? strtol(argv[4], NULL, 0) : 0;
+
+  if (!strcmp(mode, "early")) {
+    /* A short-lived process (a CLI tool, a cron job) calls at once. */
+    trigger(0);
+    printf("ready %d\n", getpid());
+    fflush(stdout);
+    sleep_ms(a);
+    trigger(1);
+    return 0;
+  }
 
   printf("ready %d\n", getpid());
   fflush(stdout);

@@ -539,6 +539,7 @@ fn summarise(
             outcome.recorders
         },
         unrecorded_hits: outcome.unrecorded_hits,
+        hits_before_recording: outcome.hits_before_recording,
         extra_processes: outcome.extra_processes,
         disarm: outcome.disarm,
     });
