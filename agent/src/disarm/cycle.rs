@@ -4,7 +4,7 @@
 //! cooldown ends (`cooldown_next_ns = ktime + cooldown`). Each of those
 //! calls still pays the uprobe trap. So the driver detaches the trigger's
 //! entry uprobe after the hit's `kill(perf)` and
-//! attaches them again when the cooldown ends. This module decides when;
+//! attaches it again when the cooldown ends. This module decides when;
 //! the driver does the I/O and gives it the time (CLOCK_MONOTONIC ns, the
 //! clock of the hits' `ktime_ns`).
 //!
