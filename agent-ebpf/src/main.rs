@@ -97,14 +97,6 @@ mod prog {
     #[map]
     static FRAMES: HashMap<FrameKey, FrameStack> = HashMap::with_max_entries(MAX_FRAME_STACKS, 0);
 
-    /// When each trigger's probes were last asked back in after a disarm
-    /// (CLOCK_MONOTONIC ns, written by the agent before it re-arms; 0 if
-    /// never disarmed). A frame that entered before it may be a call whose
-    /// return went by while the probes were out, so a return never matches
-    /// it (docs/disarming.md).
-    #[map]
-    static REARMED: Array<u64> = Array::with_max_entries(MAX_TRIGGERS, 0);
-
     /// An all-zero `FrameStack` to insert from: it is too large for the
     /// 512-byte BPF stack.
     #[map]
@@ -783,13 +775,9 @@ mod prog {
             // copy, so the frame outlives the entry.
             let _ = FRAMES.remove(&key);
         }
+        // A `--slower-than` trigger is never disarmed, so every return of a
+        // call seen entering is seen too (docs/disarming.md).
         let frame = found?;
-        if REARMED.get(trigger).is_some_and(|r| frame.entry_ns < *r) {
-            // Entered before a disarm: its return may have gone unseen, and
-            // this return may be another call's at the same depth.
-            bump(trigger, Counter::DropNoReturn);
-            return None;
-        }
         let mut clock = Clock::new(cfg.tick_ns);
         let now = clock.now();
         let duration_ns = now.saturating_sub(frame.entry_ns);

@@ -15,6 +15,8 @@
  *   target slowthreads T N       slow on T threads at once
  *   target slowwait N            slow N, then waits until killed
  *   target slowmix N             f_mix(i) for i in 0..N: 60 ms if i % 10 == 9, else 20 ms
+ *   target long N MS             f_long(i) for i in 0..N back to back: even i burn MS ms of CPU,
+ *                                odd i sleep MS ms
  *   target after                 f_after burns 30 ms of CPU after entry
  *   target fork                  a forked child calls trigger 5 times; the parent does not
  *   target exec PATH...          execs PATH after the go signal
@@ -22,6 +24,8 @@
  *   target wait                  waits until killed
  *   target stamp N GAP_MS [FN]   FN(CLOCK_MONOTONIC ns) N times, GAP_MS apart; prints each stamp
  *   target bench FN N REPS       REPS times: FN (push|nop5|step|trigger) N times; prints ns per call
+ *   target early MS              trigger(0) at once after exec, then "ready", then trigger(1)
+ *                                MS ms later, and exits (no go line)
  *   target busy N GAP_MS         two threads burn CPU; every GAP_MS the main one prints "halfway"
  *                                at half the gap, then calls trigger(i); N = 0: burn GAP_MS, no call
  */
@@ -111,6 +115,17 @@ __attribute__((noipa)) long f_slow(long i) {
  * for every tenth (i % 10 == 9). */
 __attribute__((noipa)) long f_mix(long i) {
   sleep_ms(i % 10 == 9 ? 60 : 20);
+  sink += (uint64_t)i;
+  return i * 2;
+}
+
+/* Back-to-back slow calls, CPU-bound (even i) or sleeping (odd i). */
+static long g_long_ms;
+__attribute__((noipa)) long f_long(long i) {
+  if (i % 2 == 0)
+    burn_ms(g_long_ms);
+  else
+    sleep_ms(g_long_ms);
   sink += (uint64_t)i;
   return i * 2;
 }
@@ -218,6 +233,16 @@ int main(int argc, char **argv) {
   long b = argc > 3 ? strtol(argv[3], NULL, 0) : 0;
   long c = argc > 4 ? strtol(argv[4], NULL, 0) : 0;
 
+  if (!strcmp(mode, "early")) {
+    /* A short-lived process (a CLI tool, a cron job) calls at once. */
+    trigger(0);
+    printf("ready %d\n", getpid());
+    fflush(stdout);
+    sleep_ms(a);
+    trigger(1);
+    return 0;
+  }
+
   printf("ready %d\n", getpid());
   fflush(stdout);
   char line[64];
@@ -258,6 +283,9 @@ int main(int argc, char **argv) {
     }
     printf("calls %llu in %.3f s\n", (unsigned long long)n, (double)(now_ns() - t0) / 1e9);
     fflush(stdout); /* the bench reads it while the agent still runs */
+  } else if (!strcmp(mode, "long")) {
+    g_long_ms = b;
+    for (long i = 0; i < a; i++) f_long(i);
   } else if (!strcmp(mode, "slowmix")) {
     for (long i = 0; i < a; i++) f_mix(i);
   } else if (!strcmp(mode, "slow")) {

@@ -109,6 +109,50 @@ fn slower_than_triggers_at_the_return_of_slow_calls() {
     assert_eq!(n(&counters(&run)["dropped"]["duration"]), 47);
 }
 
+/// Back-to-back calls of 150 ms (CPU-bound and sleeping, alternately) of
+/// `symbol` under `--slower-than 100ms` with the default cooldown: every
+/// call is a hit. Each call enters right after the previous hit and
+/// returns ~150 ms after it, past the 100 ms cooldown; a trigger whose
+/// probes went out for the cooldown never timed it, and lost every other
+/// call without a count (issue 25).
+fn every_back_to_back_slow_call_is_a_hit(bin: &std::path::Path, symbol: &str) {
+    let mut t = Target::start(bin, &["long", "8", "150"]);
+    let run = capture(&mut t, &["--symbol", symbol, "--slower-than", "100ms"]);
+    let mut args: Vec<u64> = run.hits().iter().map(|h| n(&h["args"][0])).collect();
+    args.sort();
+    assert_eq!(args, (0..8).collect::<Vec<u64>>(), "{}", run.output());
+    for h in run.hits() {
+        assert!(n(&h["duration_ns"]) >= 100_000_000, "{h}");
+    }
+    let c = counters(&run);
+    // (Go's stack-growth prologue enters a call twice, the first entry
+    // counted as no_return: not asserted here.)
+    assert_eq!(n(&c["dropped"]["cooldown"]), 0, "{c}");
+    assert_counts_add_up(&run);
+}
+
+#[test]
+fn slower_than_with_the_default_cooldown_catches_back_to_back_slow_calls() {
+    every_back_to_back_slow_call_is_a_hit(&target_path("target"), "f_long");
+}
+
+#[test]
+fn slower_than_counts_slow_calls_the_cooldown_drops() {
+    // 3 threads at once, each with slow calls (50 ms) at i = 10, 20, 30:
+    // 9 slow calls whose returns come in 3 rounds 50 ms apart, inside the
+    // default 100 ms cooldown of one another. Each is accepted or counted
+    // in dropped.cooldown; none goes untimed and uncounted.
+    let mut t = Target::start(&target_path("target"), &["slowthreads", "3", "31"]);
+    let run = capture(&mut t, &["--symbol", "f_slow", "--slower-than", "25ms"]);
+    let c = counters(&run);
+    let (accepted, cooldown) = (n(&c["accepted"]), n(&c["dropped"]["cooldown"]));
+    assert_eq!(accepted + cooldown, 9, "{c}\n{}", run.output());
+    // Loose: 9 returns within ~150 ms can't all be 100 ms apart.
+    assert!(accepted >= 1 && cooldown >= 1, "{c}");
+    assert_eq!(n(&c["dropped"]["duration"]), 3 * 31 - 9, "{c}");
+    assert_counts_add_up(&run);
+}
+
 #[test]
 fn slower_than_on_a_recursive_function() {
     let mut t = Target::start(&target_path("target"), &["slowrec", "50"]);
@@ -410,6 +454,12 @@ fn go_register_abi_and_moving_stacks() {
         "{}",
         run.output()
     );
+}
+
+#[test]
+fn go_slower_than_with_the_default_cooldown_catches_back_to_back_slow_calls() {
+    // The Go server of issue 25: a handler that burns or sleeps 150 ms.
+    every_back_to_back_slow_call_is_a_hit(&go_target(), "main.long");
 }
 
 #[test]

@@ -449,3 +449,65 @@ fn a_killed_agent_following_forks_leaves_no_program() {
     master.go();
     master.wait(Duration::from_secs(30));
 }
+
+/// The pid a target printed in its `ready` line (for `bash -c`, its child's).
+fn ready_pid(t: &Target) -> i32 {
+    t.proc
+        .stdout()
+        .iter()
+        .find_map(|l| l.strip_prefix("ready ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ready line: {:?}", t.proc.stdout()))
+}
+
+#[test]
+fn exe_names_why_a_new_process_first_call_is_not_recorded() {
+    // Each process calls trigger(0) at once after its exec, before its own
+    // perf (started at the exec, ready ~0.2 s later) records, then
+    // trigger(1) 2.5 s later (loose: perf is ready long before). Started directly, through `sh -c 'exec …'`
+    // (the same pid) and through `bash -c '…; true'` (a child of bash).
+    let bin = target_path("target");
+    let exe = bin.display().to_string();
+    let mut agent = Agent::start(&["--exe", &exe, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    let line = format!("{exe} early 2500");
+    let starts: [(&str, Vec<String>); 3] = [
+        (exe.as_str(), vec!["early".into(), "2500".into()]),
+        ("/bin/sh", vec!["-c".into(), format!("exec {line}")]),
+        ("/bin/bash", vec!["-c".into(), format!("{line}; true")]),
+    ];
+    let mut pids = Vec::new();
+    for (prog, args) in &starts {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut t = Target::start(std::path::Path::new(prog), &args);
+        let pid = ready_pid(&t);
+        t.wait(Duration::from_secs(20));
+        wait_event(&mut agent, "recorder finalized", move |e| {
+            e["event"] == "target_finished" && e["pid"] == pid
+        });
+        pids.push(pid);
+    }
+    agent.proc.signal(libc::SIGINT);
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let s = run.summary().unwrap();
+    // trigger(0) of each: counted under its real cause, not as a process
+    // with no recorder, and named once in a warning.
+    assert_eq!(s["hits_before_recording"], 3, "{s}");
+    assert_eq!(s["unrecorded_hits"], 0, "{s}");
+    let warned = run
+        .stdout
+        .iter()
+        .any(|l| l.contains("\"warning\"") && l.contains("before its perf was recording"));
+    assert!(warned, "{}", run.output());
+    // trigger(1) of each is recorded, in its process's own directory.
+    for pid in pids {
+        let index = read_index(&run.out.join(pid.to_string()).join("snapshots.jsonl"));
+        let args: Vec<&Value> = index
+            .iter()
+            .filter(|v| v["kind"] == "hit")
+            .flat_map(|v| v["hits"].as_array().into_iter().flatten())
+            .map(|h| &h["args"][0])
+            .collect();
+        assert_eq!(args, [&Value::from(1)], "pid {pid}: {index:?}");
+    }
+}

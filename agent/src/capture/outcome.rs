@@ -79,6 +79,8 @@ pub struct Outcome {
     pub recorders: Vec<RecorderSummary>,
     /// Hits from processes that had no recorder.
     pub unrecorded_hits: u64,
+    /// Hits from processes whose perf was not recording yet.
+    pub hits_before_recording: u64,
     /// Matching processes beyond `--max-targets`.
     pub extra_processes: u64,
     /// Detaching probes during cooldowns.
@@ -98,6 +100,7 @@ impl Outcome {
             perf_cpu: None,
             recorders: Vec::new(),
             unrecorded_hits: 0,
+            hits_before_recording: 0,
             extra_processes: 0,
             disarm: Default::default(),
         }

@@ -411,7 +411,7 @@ fn trigger_setups(
             out,
             // One probe serves every process of an --exe, each with its own
             // cooldown: detaching it would miss the others' hits.
-            disarm: crate::plan::conditions::closed_after_hit(&t.filters)
+            disarm: crate::plan::conditions::disarmed_after_hit(&t.filters)
                 .filter(|_| pid.is_some() && !t.always_armed),
             off_cpu: t.off_cpu,
             watch: r.watch,
@@ -555,6 +555,7 @@ fn summarise(
             outcome.recorders
         },
         unrecorded_hits: outcome.unrecorded_hits,
+        hits_before_recording: outcome.hits_before_recording,
         extra_processes: outcome.extra_processes,
         disarm: outcome.disarm,
     });

@@ -308,12 +308,7 @@ impl Disarming {
 
     /// Asks for the attach of the triggers whose cooldown is about to end
     /// (those still `recording`; the others are forgotten).
-    pub fn rearm_due(
-        &mut self,
-        mut probes: Option<&mut Probes>,
-        printer: &Printer,
-        recording: impl Fn(u32) -> bool,
-    ) {
+    pub fn rearm_due(&mut self, probes: Option<&Probes>, recording: impl Fn(u32) -> bool) {
         let now = Now::read().ns;
         let due: Vec<u32> = self
             .triggers
@@ -322,7 +317,7 @@ impl Disarming {
             .map(|(n, _)| *n)
             .collect();
         for trigger in due {
-            let programs = probes.as_deref().and_then(|p| self.programs(trigger, p));
+            let programs = probes.and_then(|p| self.programs(trigger, p));
             let at_ns = self
                 .triggers
                 .get(&trigger)
@@ -331,14 +326,6 @@ impl Disarming {
                 self.forget(trigger);
                 continue;
             };
-            // Before the probes go in: frames older than this are not
-            // matched by a return (a `ret` probe may have missed theirs
-            // while out).
-            if let Some(p) = probes.as_deref_mut()
-                && let Err(e) = p.rearming(trigger, Now::read().ns)
-            {
-                printer.warning(&format!("REARMED map: {e:#}"));
-            }
             let t = self.triggers.get_mut(&trigger).expect("due");
             t.cycle.rearming();
             if let Some(a) = &self.thread {

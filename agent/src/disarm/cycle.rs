@@ -3,14 +3,16 @@
 //! After an accepted hit, the eBPF program drops every call until the
 //! cooldown ends (`cooldown_next_ns = ktime + cooldown`). Each of those
 //! calls still pays the uprobe trap. So the driver detaches the trigger's
-//! uprobes (entry and `ret` probes) after the hit's `kill(perf)` and
-//! attaches them again when the cooldown ends. This module decides when;
+//! entry uprobe after the hit's `kill(perf)` and
+//! attaches it again when the cooldown ends. This module decides when;
 //! the driver does the I/O and gives it the time (CLOCK_MONOTONIC ns, the
 //! clock of the hits' `ktime_ns`).
 //!
-//! Only a `--pid` trigger with a cooldown disarms: with `--exe` each
-//! process has its own cooldown and one probe serves them all, so another
-//! process's hit would be missed.
+//! Only a `--pid` trigger with a cooldown and no `--slower-than` disarms
+//! (`plan::conditions::disarmed_after_hit`): with `--exe` each process has
+//! its own cooldown and one probe serves them all, so another process's hit
+//! would be missed; a `--slower-than` call entering during the cooldown
+//! would not be timed.
 
 use crate::output::index::DisarmCounters;
 

@@ -272,7 +272,8 @@ pub struct TriggerOptions {
 
     /// Least time between two accepted hits. Hits sooner are counted and
     /// dropped in the kernel. 0 disables it. With --pid, the uprobes are
-    /// taken out of the target's code while it runs (see --always-armed).
+    /// taken out of the target's code while it runs (see --always-armed),
+    /// but not with --slower-than, whose calls are timed from their entry.
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_COOLDOWN, value_parser = duration_text)]
     pub cooldown: Option<String>,
 
@@ -297,7 +298,7 @@ pub struct TriggerOptions {
     /// Keep the uprobes attached during cooldowns (and --max-rate
     /// intervals), so that `seen` counts every call. By default a `--pid`
     /// trigger's uprobes are detached from an accepted hit until its
-    /// cooldown ends.
+    /// cooldown ends (a --slower-than trigger's stay in).
     #[arg(long)]
     #[serde(default)]
     pub always_armed: bool,

@@ -126,6 +126,9 @@ pub struct Summary {
     pub recorders: Vec<crate::output::events::RecorderSummary>,
     /// Hits from processes that had no recorder.
     pub unrecorded_hits: u64,
+    /// Hits from processes whose perf was not recording yet: with `--exe`,
+    /// calls right after a new process's exec (GUIDE.md, "`exe` triggers").
+    pub hits_before_recording: u64,
     /// Processes of an `--exe` beyond `--max-targets`, not recorded.
     pub extra_processes: u64,
     /// Probes detached during cooldowns (GUIDE.md, "Disarming during a
@@ -487,6 +490,12 @@ impl Printer {
             unrecorded += &format!(
                 "; {} hits came from processes with no recorder",
                 s.unrecorded_hits
+            );
+        }
+        if s.hits_before_recording > 0 {
+            unrecorded += &format!(
+                "; {} hits came before their process's perf was recording (it starts at the exec)",
+                s.hits_before_recording
             );
         }
         if s.extra_processes > 0 {

@@ -218,6 +218,20 @@ pub fn closed_after_hit(f: &Filters) -> Option<Duration> {
     Some(f.cooldown.max(rate))
 }
 
+/// How long a `--pid` trigger's uprobes go out of the code after an
+/// accepted hit: [`closed_after_hit`], but never with `--slower-than`. A
+/// call must be seen entering to be timed, and a call that enters during
+/// the cooldown can return after it: so those probes stay in, the kernel's
+/// cooldown still lets one hit through per cooldown, and a slow call that
+/// returns inside it is counted in `dropped.cooldown`
+/// (docs/disarming.md, "`--slower-than` keeps its probes in").
+pub fn disarmed_after_hit(f: &Filters) -> Option<Duration> {
+    if f.slower_than.is_some() {
+        return None;
+    }
+    closed_after_hit(f)
+}
+
 /// Builds the kernel's table for one trigger. `go_abi` selects Go's
 /// register ABI for arguments.
 ///
@@ -376,5 +390,23 @@ mod tests {
         assert_eq!(closed_after_hit(&f(ms(100), Some(2.0))), Some(ms(500)));
         assert_eq!(closed_after_hit(&f(ms(100), Some(50.0))), Some(ms(100)));
         assert_eq!(closed_after_hit(&f(ms(0), Some(2.0))), None);
+    }
+
+    #[test]
+    fn a_slower_than_trigger_is_never_disarmed() {
+        let ms = Duration::from_millis;
+        let plain = Filters {
+            cooldown: ms(100),
+            ..Filters::default()
+        };
+        assert_eq!(disarmed_after_hit(&plain), Some(ms(100)));
+        let slow = Filters {
+            slower_than: Some(ms(100)),
+            max_rate: Some(2.0),
+            ..plain
+        };
+        assert_eq!(disarmed_after_hit(&slow), None);
+        // The kernel's cooldown still holds it to one hit per cooldown.
+        assert_eq!(closed_after_hit(&slow), Some(ms(500)));
     }
 }

@@ -149,13 +149,6 @@ impl Probes {
         Ok(())
     }
 
-    /// Records that `trigger`'s probes are about to be put back after a
-    /// disarm, at CLOCK_MONOTONIC `now_ns`: the return programs then
-    /// ignore the frames of calls that entered before (map `REARMED`).
-    pub fn rearming(&mut self, trigger: u32, now_ns: u64) -> anyhow::Result<()> {
-        self.set("REARMED", trigger, now_ns)
-    }
-
     /// Attaches a trigger's uprobes, the entry first.
     /// Errors: exit code 3 without privileges, 4 for other kernel refusals.
     pub fn attach(&mut self, uprobes: &TriggerUprobes) -> Result<(), Failure> {

@@ -4,6 +4,8 @@
 //
 //	gotarget calls N GAP_MS   trigger(i) for i in 0..N, GAP_MS apart
 //	gotarget slow N           slow(i) for i in 0..N; i in {10,20,30} sleep 50 ms
+//	gotarget long N MS        long(i) for i in 0..N back to back: even i burn MS ms of
+//	                          CPU, odd i sleep MS ms (a handler that is slow either way)
 package main
 
 import (
@@ -44,6 +46,17 @@ func slow(i int) int {
 	return i + 1
 }
 
+//go:noinline
+func long(i int, d time.Duration) int {
+	if i%2 == 0 {
+		burn(d)
+	} else {
+		time.Sleep(d)
+	}
+	sink += i
+	return i + 1
+}
+
 func burn(d time.Duration) {
 	end := time.Now().Add(d)
 	for time.Now().Before(end) {
@@ -70,6 +83,10 @@ func main() {
 	case "slow":
 		for i := 0; i < n; i++ {
 			slow(i)
+		}
+	case "long":
+		for i := 0; i < n; i++ {
+			long(i, time.Duration(gap)*time.Millisecond)
 		}
 	}
 	burn(200 * time.Millisecond)

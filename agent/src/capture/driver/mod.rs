@@ -15,7 +15,10 @@
 //!   and any other process whose hit comes first (a fork without exec), up to
 //!   `--max-targets` at once.
 //!
-//! Hits from processes without a recorder are counted as unrecorded.
+//! Hits from processes without a recorder are counted as unrecorded; those
+//! from a process whose recorder's perf is not recording yet (a new
+//! process calls the trigger right after its exec, while its perf starts)
+//! are counted apart, as hits before recording.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -255,6 +258,8 @@ struct Driver {
     fatal: Option<Failure>,
     finished: Vec<RecorderOutcome>,
     unrecorded: u64,
+    /// Hits of a process whose perf was not recording yet.
+    before_recording: u64,
     extra: u64,
     disarming: Disarming,
     /// Triggers whose event uprobes the arming thread is making: the
@@ -309,6 +314,7 @@ impl Driver {
             fatal: None,
             finished: Vec::new(),
             unrecorded: 0,
+            before_recording: 0,
             extra: 0,
             disarming,
             pending_set_up: HashMap::new(),
@@ -912,7 +918,7 @@ impl Driver {
                 }
                 // perf is starting: nothing records this process yet.
                 Some(_) => {
-                    self.unrecorded += 1;
+                    self.hit_before_recording(hit.tgid);
                     false
                 }
                 // A process forked (without exec) from a recorded one: the
@@ -924,10 +930,15 @@ impl Driver {
                     true
                 }
                 _ => {
-                    self.unrecorded += 1;
                     // A process of a traced executable that we did not see
-                    // exec, with no recorded ancestor: record it from now on.
+                    // exec (or whose exec is not read yet), with no recorded
+                    // ancestor: record it from now on.
                     self.maybe_track(hit.tgid as i32);
+                    if self.by_target.contains_key(&key) {
+                        self.hit_before_recording(hit.tgid);
+                    } else {
+                        self.unrecorded += 1;
+                    }
                     false
                 }
             };
@@ -939,6 +950,19 @@ impl Driver {
             if delivered {
                 self.setup.printer.hit(&ih);
             }
+        }
+    }
+
+    /// A hit of a process whose perf is not recording yet: counted, and
+    /// the first of the run named in a warning.
+    fn hit_before_recording(&mut self, tgid: u32) {
+        self.before_recording += 1;
+        if self.before_recording == 1 {
+            self.setup.printer.warning(&format!(
+                "pid {tgid}: a hit came before its perf was recording (perf starts at the \
+                 process's exec and records once ready), so it has no snapshot; such hits \
+                 are counted in the summary (hits_before_recording)"
+            ));
         }
     }
 
@@ -1100,8 +1124,7 @@ impl Driver {
                 .and_then(|s| slots[*s].as_ref())
                 .is_some_and(Recorder::recording)
         };
-        self.disarming
-            .rearm_due(self.probes.as_mut(), &self.setup.printer, recording);
+        self.disarming.rearm_due(self.probes.as_ref(), recording);
     }
 
     /// The arming thread made (or failed to make) a trigger's event
@@ -1201,6 +1224,7 @@ impl Driver {
                 .map(crate::output::events::RecorderSummary::from)
                 .collect(),
             unrecorded_hits: self.unrecorded,
+            hits_before_recording: self.before_recording,
             extra_processes: self.extra,
             disarm: self.disarming.summary(crate::sys::clock::monotonic_ns()),
         }
