@@ -127,10 +127,6 @@ fn bench_quick_runs_every_part() {
     }
     // Nothing left behind.
     assert_no_programs_loaded("after the bench");
-    assert!(
-        std::fs::read_to_string("/sys/kernel/tracing/uprobe_events")
-            .unwrap_or_default()
-            .trim()
-            .is_empty()
-    );
+    let events = uprobe_events();
+    assert!(events.trim().is_empty(), "uprobe events left: {events}");
 }

@@ -416,7 +416,7 @@ fn a_killed_agent_while_disarmed_leaves_no_probe_and_no_program() {
 /// the dying agent's perf events still hold them.
 fn assert_no_uprobe_events_of(agent_pid: i32) {
     let group = format!("mt_agent_{agent_pid}/");
-    let listing = || fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let listing = uprobe_events;
     let end = std::time::Instant::now() + Duration::from_secs(10);
     while listing().contains(&group) && std::time::Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));

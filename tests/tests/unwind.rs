@@ -103,6 +103,12 @@ fn a_deploy_does_not_rename_the_captured_functions() {
     // the path: the captured functions are gone.
     for (file, _, _) in &files {
         let plain = perf_script(file);
+        // The samples are there; only their names are lost.
+        assert!(
+            !parse_samples(&plain).is_empty(),
+            "{}: no samples without the cache:\n{plain}",
+            file.display()
+        );
         assert!(
             !plain.contains("old_build_level3"),
             "perf named old functions without the cache: is the test binary not replaced?"
