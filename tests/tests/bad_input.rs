@@ -241,7 +241,8 @@ fn a_perf_that_fails_before_recording_gets_the_error_alone() {
     assert_eq!(events[0]["event"], "error", "{}", run.output());
     assert_eq!(events[0]["exit_code"], 4, "{}", run.output());
     assert_eq!(
-        events[0]["detail"][0], "perf: fake perf: cannot record here",
+        events[0]["detail"][0],
+        "perf: fake perf: cannot record here",
         "{}",
         run.output()
     );

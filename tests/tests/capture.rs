@@ -272,7 +272,10 @@ fn check_mark<'a>(text: &'a str, what: &str) -> &'a str {
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.get(4..).is_some_and(|r| r.trim_start().starts_with(what)))
-        .filter(|l| l.get(4..).is_some_and(|r| !r.trim_start()[what.len()..].starts_with('_')))
+        .filter(|l| {
+            l.get(4..)
+                .is_some_and(|r| !r.trim_start()[what.len()..].starts_with('_'))
+        })
         .collect();
     assert_eq!(lines.len(), 1, "one line for {what}:\n{text}");
     &lines[0][..4]

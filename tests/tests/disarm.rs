@@ -385,7 +385,10 @@ fn max_rate_disarms_for_its_interval() {
         "{s}"
     );
     for (reason, count) in dropped {
-        assert!(reason == "rate" || n(count) == 0, "dropped for {reason}: {s}");
+        assert!(
+            reason == "rate" || n(count) == 0,
+            "dropped for {reason}: {s}"
+        );
     }
 }
 

@@ -294,7 +294,9 @@ fn a_binary_replaced_while_it_runs_is_warned_about_and_never_renamed() {
         );
         let samples = parse_samples(&text);
         assert!(
-            samples.iter().any(|s| s.pid == t.pid() && s.frames.len() > 1),
+            samples
+                .iter()
+                .any(|s| s.pid == t.pid() && s.frames.len() > 1),
             "{}: no stacks of the target",
             file.display()
         );

@@ -528,7 +528,9 @@ fn paranoid(r: &mut Checklist, text: Result<String, String>, privileged: bool) {
     } else {
         r.fail(
             WHAT,
-            format!("{v}, and neither CAP_PERFMON nor CAP_SYS_ADMIN: perf may not sample kernel code"),
+            format!(
+                "{v}, and neither CAP_PERFMON nor CAP_SYS_ADMIN: perf may not sample kernel code"
+            ),
             format!(
                 "grant {} (which mt-agent needs anyway), or sysctl kernel.perf_event_paranoid=1",
                 caps::LEAST_SET
@@ -620,12 +622,8 @@ mod tests {
 
     #[test]
     fn pmu_lines_say_what_is_there() {
-        let marks = |hw, pt| -> Vec<Mark> {
-            lines(|r| pmu(r, hw, pt))
-                .into_iter()
-                .map(|l| l.0)
-                .collect()
-        };
+        let marks =
+            |hw, pt| -> Vec<Mark> { lines(|r| pmu(r, hw, pt)).into_iter().map(|l| l.0).collect() };
         assert_eq!(marks(true, true), vec![Mark::Pass, Mark::Pass]);
         assert_eq!(marks(false, false), vec![Mark::Info, Mark::Info]);
         assert_eq!(marks(true, false), vec![Mark::Pass, Mark::Info]);
