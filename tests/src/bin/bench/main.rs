@@ -336,10 +336,18 @@ fn failure(run: &Run) -> Option<String> {
     if run.code == Some(0) {
         return None;
     }
+    // The error line, or with --json the error event's message.
     let error = run
         .stderr
         .iter()
         .find(|l| l.starts_with("mt-agent: error:"))
+        .cloned()
+        .or_else(|| {
+            run.stdout.iter().find_map(|l| {
+                let v: Value = serde_json::from_str(l).ok()?;
+                (v["event"] == "error").then(|| v["message"].as_str().map(str::to_string))?
+            })
+        })
         .map_or(String::new(), |l| format!(": {l}"));
     Some(format!("mt-agent exited with {:?}{error}", run.code))
 }
