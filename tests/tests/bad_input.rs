@@ -187,33 +187,71 @@ fn a_frequency_above_the_kernel_limit_is_refused() {
     assert_one_error_line(&run, 2, &format!("limit of {max} Hz"));
 }
 
+/// A perf that passes the agent's version check (`perf version` prints a
+/// version) and then, asked to record, prints its error and exits 1 before
+/// it is ready: a fake, in a temporary directory.
+fn perf_that_dies_at_start() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let perf = dir.path().join("perf");
+    fs::write(
+        &perf,
+        "#!/bin/sh\n\
+         if [ \"$1\" = version ]; then echo 'perf version 6.1.187'; exit 0; fi\n\
+         echo 'fake perf: cannot record here' >&2\n\
+         exit 1\n",
+    )
+    .unwrap();
+    fs::set_permissions(&perf, fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
 #[test]
 fn a_perf_that_fails_before_recording_gets_the_error_alone() {
     let t = Target::start(&target_path("target"), &["wait"]);
     let pid = t.pid().to_string();
-    let args = ["--pid", &pid, "--symbol", "trigger", "--perf", "/bin/false"];
+    let fake = perf_that_dies_at_start();
+    let perf = fake.path().join("perf").display().to_string();
+    let args = ["--pid", &pid, "--symbol", "trigger", "--perf", &perf];
     let run = refused(&args);
-    assert_one_error_line(&run, 3, "does not look like perf");
-    let all = format!("{}\n{}", run.stdout.join("\n"), run.stderr.join("\n"));
+    // Past the version check: perf itself started, and its words follow
+    // the one error line.
+    assert_one_error_line(&run, 4, "perf exited at start");
     assert!(
-        !all.contains("summary") && !all.contains("perf used"),
-        "no summary for a run that recorded nothing\n{}",
-        run.output()
-    );
-    // With --json: one error event, no summary event.
-    let run = refused(&[&args[..], &["--json"]].concat());
-    assert_eq!(run.code, Some(3), "{}", run.output());
-    let events: Vec<Value> = run
-        .stdout
-        .iter()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    assert!(
-        events.iter().any(|e| e["event"] == "error"),
+        run.stderr
+            .iter()
+            .any(|l| l.trim() == "perf: fake perf: cannot record here"),
         "{}",
         run.output()
     );
-    assert!(run.summary().is_none(), "{}", run.output());
+    assert!(
+        run.stdout.is_empty(),
+        "nothing but the error for a run that recorded nothing\n{}",
+        run.output()
+    );
+    let all = format!("{}\n{}", run.stdout.join("\n"), run.stderr.join("\n"));
+    assert!(
+        !all.contains("summary") && !all.contains("perf used") && !all.contains("armed"),
+        "no summary for a run that recorded nothing\n{}",
+        run.output()
+    );
+    // With --json: the error event alone, perf's words in it.
+    let run = refused(&[&args[..], &["--json"]].concat());
+    assert_eq!(run.code, Some(4), "{}", run.output());
+    let events: Vec<Value> = run
+        .stdout
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(events.len(), 1, "{}", run.output());
+    assert_eq!(events[0]["event"], "error", "{}", run.output());
+    assert_eq!(events[0]["exit_code"], 4, "{}", run.output());
+    assert_eq!(
+        events[0]["detail"][0],
+        "perf: fake perf: cannot record here",
+        "{}",
+        run.output()
+    );
 }
 
 #[test]

@@ -120,6 +120,15 @@ fn bench_quick_runs_every_part() {
     for w in waiting {
         assert!(w["out_bytes_while_waiting"].as_u64().is_some(), "{w}");
     }
+    // The storm's calls per second are over the duration the target measured.
+    for row in r["storm"].as_array().unwrap() {
+        let (calls, secs) = (
+            row["calls"].as_f64().unwrap(),
+            row["storm_s"].as_f64().unwrap(),
+        );
+        assert!(secs > 0.0, "{row}");
+        assert_eq!(row["calls_per_s"].as_f64().unwrap(), calls / secs, "{row}");
+    }
     let stacks = r["stacks"].as_array().unwrap();
     assert_eq!(stacks.len(), 3, "fp, dwarf,8192, dwarf,16384");
     for row in stacks {
@@ -137,10 +146,6 @@ fn bench_quick_runs_every_part() {
     }
     // Nothing left behind.
     assert_no_programs_loaded("after the bench");
-    assert!(
-        std::fs::read_to_string("/sys/kernel/tracing/uprobe_events")
-            .unwrap_or_default()
-            .trim()
-            .is_empty()
-    );
+    let events = uprobe_events();
+    assert!(events.trim().is_empty(), "uprobe events left: {events}");
 }

@@ -8,7 +8,7 @@
 
 use std::{
     fs,
-    os::unix::fs::PermissionsExt,
+    os::unix::fs::{MetadataExt, PermissionsExt},
     path::Path,
     process::Command,
     time::{Duration, Instant},
@@ -32,10 +32,6 @@ fn error_line(run: &Run) -> String {
         .collect();
     assert_eq!(errors.len(), 1, "expected one error line\n{}", run.output());
     errors[0].clone()
-}
-
-fn alive(pid: i32) -> bool {
-    status_field(pid, "State").is_some_and(|s| !s.starts_with('Z'))
 }
 
 /// Starts a target and an armed agent on it; the target has had its go.
@@ -278,18 +274,40 @@ fn read_only_output_and_planted_symlinks_are_refused() {
     assert_eq!(run.code, Some(2), "{}", run.output());
     assert!(error_line(&run).contains("cannot create output directory"));
 
-    // A symlink planted where the index goes is never followed.
+    // A symlink planted as the output directory, pointing at a directory
+    // the agent would accept (empty, ours, mode 0700), is refused by name
+    // and never followed: nothing is written through it.
     let dir = tempfile::tempdir().unwrap();
     let victim = dir.path().join("victim");
-    fs::write(&victim, "precious").unwrap();
-    let out = dir.path().join("out");
-    fs::create_dir(&out).unwrap();
-    fs::set_permissions(&out, fs::Permissions::from_mode(0o700)).unwrap();
-    std::os::unix::fs::symlink(&victim, out.join("snapshots.jsonl")).unwrap();
-    let o = out.display().to_string();
-    let run = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--output", &o]).finish(FINISH);
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    let link = dir.path().join("out");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let o = link.display().to_string();
+    // --duration: were the link followed, the run would end by itself.
+    let run = Agent::start(&[
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--output",
+        &o,
+        "--duration",
+        "2s",
+    ])
+    .finish(FINISH);
+    report("planted output symlink", &run, at);
     assert_eq!(run.code, Some(2), "{}", run.output());
-    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    let line = error_line(&run);
+    assert!(
+        line.contains(&o) && line.contains("not a directory"),
+        "the refusal does not name the link {o}: {line}"
+    );
+    assert_eq!(
+        fs::read_dir(&victim).unwrap().count(),
+        0,
+        "written through the link"
+    );
     assert!(alive(t.pid()));
 }
 
@@ -355,24 +373,47 @@ fn ring_buffer_overflow_is_counted_exactly() {
 
 #[test]
 fn thread_churn_does_not_hang() {
-    let (mut t, agent) = armed(&["churn", "1000"], &["--symbol", "trigger", "--json"]);
+    // 1000 threads created and joined, `trigger` called after every 100th
+    // (10 calls, ~100 ms apart); --cooldown 0 so each is a hit.
+    let (mut t, agent) = armed(
+        &["churn", "1000"],
+        &["--symbol", "trigger", "--cooldown", "0", "--json"],
+    );
     let at = Instant::now();
     t.wait(Duration::from_secs(60));
     let run = agent.finish(FINISH);
     report("thread churn", &run, at);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let s = run.summary().unwrap();
+    // Every call was a hit, and every hit is in the index.
+    let c = &s["counters"];
+    assert_eq!(c["seen"], 10, "{s}");
+    assert_eq!(c["accepted"], 10, "{s}");
+    assert_eq!(run.hits().len(), 10, "{}", run.output());
+    assert_eq!(s["stats"]["delivered"], 10, "{s}");
     let cpu = s["perf_cpu_s"]
         .as_f64()
         .expect("the summary shows perf's CPU time");
+    let wall = s["duration_s"].as_f64().unwrap();
     let spin_warning = run
         .stdout
         .iter()
         .any(|l| l.contains("\"warning\"") && l.contains("of a core"));
     eprintln!(
-        "FAULT thread churn: perf used {cpu:.2} s CPU over {:.1} s; spin warning: {spin_warning}",
-        s["duration_s"]
+        "FAULT thread churn: perf used {cpu:.2} s CPU over {wall:.1} s; spin warning: {spin_warning}"
     );
+    // perf's own work here (1000 threads' events and 10 switches) took
+    // 0.46 s of a 1.86 s run on 2 loaded cores: 25% of a core, and under
+    // load the run only grows longer. A perf spinning after thread exits,
+    // as perf 6.1 can (docs/perf-switch-output.md), uses a whole core for
+    // the rest of the run, and the agent warns at 90% over 2 s. The bound
+    // is loose: 90% of a core over the run.
+    assert!(
+        cpu < 0.9 * wall,
+        "perf used {cpu:.2} s CPU in a {wall:.2} s run: spinning?\n{}",
+        run.output()
+    );
+    assert!(!spin_warning, "{}", run.output());
     run.assert_index_consistent();
 }
 
@@ -455,9 +496,26 @@ fn least_privilege_capture_as_nobody() {
         3,
         "{index:?}"
     );
-    // Files belong to nobody and are private.
-    let meta = fs::metadata(out.join(index[0]["file"].as_str().unwrap())).unwrap();
-    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // Files belong to nobody and are private: every snapshot and the index.
+    let nobody = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .expect("a user nobody");
+    let files: Vec<String> = index
+        .iter()
+        .map(|v| v["file"].as_str().unwrap().to_string())
+        .chain(["snapshots.jsonl".to_string()])
+        .collect();
+    for f in &files {
+        let meta = fs::metadata(out.join(f)).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (nobody.uid.as_raw(), nobody.gid.as_raw()),
+            "{f} belongs to uid {} gid {}",
+            meta.uid(),
+            meta.gid()
+        );
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{f}");
+    }
     assert_no_programs_loaded("after the nobody run");
     assert_no_perf_for(&out, "after the nobody run");
 }

@@ -322,10 +322,6 @@ fn only_the_target_pays() {
     );
 }
 
-fn alive(pid: i32) -> bool {
-    status_field(pid, "State").is_some_and(|s| !s.starts_with('Z'))
-}
-
 /// An armed agent with the breakdown on, on a blocked target that has had
 /// its go and has taken two snapshots.
 fn two_snapshots_in() -> (Target, Agent) {

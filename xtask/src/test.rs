@@ -11,7 +11,7 @@ use std::{path::Path, process::Command, time::Instant};
 use crate::{
     dist::dist,
     setup::setup,
-    util::{cargo, is_root, privileged_runner, run, target_dir},
+    util::{TestCounts, cargo, is_root, privileged_runner, run, run_tests, target_dir},
 };
 
 /// The end-to-end test files, in the order they run; `dist` needs the
@@ -60,6 +60,8 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         "-p",
         "xtask",
     ]))?;
+    // The tests' own library: the DevTools client's pure parts (cdp.rs).
+    run(cargo().args(["test", "-p", "mt-agent-tests", "--lib"]))?;
     // Kernel-filter tests (agent/tests/kernel.rs): marked #[ignore]
     // because they load the eBPF programs and attach uprobes to the test
     // binary itself. As root, one at a time; without the privileges they
@@ -73,7 +75,7 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
     run(&mut kernel)?;
     // Privileged end-to-end tests, one at a time.
     let agent = target_dir().join("debug").join("mt-agent");
-    let e2e = |tests: &[&str], extra: &[(&str, &Path)]| -> anyhow::Result<()> {
+    let e2e = |tests: &[&str], extra: &[(&str, &Path)]| -> anyhow::Result<TestCounts> {
         let mut env: Vec<(&str, &std::ffi::OsStr)> = vec![("MT_AGENT_BIN", agent.as_os_str())];
         env.extend(extra.iter().map(|(k, v)| (*k, v.as_os_str())));
         let mut c = cargo();
@@ -88,15 +90,20 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
             c.arg("--config").arg(privileged_runner(&env));
         }
         c.arg("--").arg("--test-threads=1").args(filter);
-        run(&mut c)
+        run_tests(&mut c)
     };
-    e2e(E2E, &[])?;
+    let mut ran = e2e(E2E, &[])?;
+    if !filter.is_empty() && ran.passed == 0 {
+        anyhow::bail!("no end-to-end test matches {filter:?}");
+    }
     eprintln!(
-        "xtask: end-to-end tests passed after {:.0} s",
+        "xtask: {} end-to-end tests passed after {:.0} s",
+        ran.passed,
         t0.elapsed().as_secs_f64()
     );
     if skip_release {
         eprintln!("xtask: --skip-release: the release tests (tests/tests/dist.rs) were not run");
+        eprintln!("xtask: {}", ran_line(filter, ran));
         return Ok(());
     }
     let check = target_dir().join("dist-check");
@@ -113,16 +120,32 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
             t0.elapsed().as_secs_f64()
         );
     }
-    e2e(
+    let dist_ran = e2e(
         &["dist"],
         &[
             ("MT_AGENT_DIST_A", &tarballs[0]),
             ("MT_AGENT_DIST_B", &tarballs[1]),
         ],
     )?;
+    ran.passed += dist_ran.passed;
+    ran.filtered_out += dist_ran.filtered_out;
     eprintln!(
-        "xtask: all tests passed in {:.0} s",
+        "xtask: {} in {:.0} s",
+        ran_line(filter, ran),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The last line: how many end-to-end tests ran, and, with a filter, how
+/// many it left out (the unit and kernel-filter stages always run whole).
+fn ran_line(filter: &[String], ran: TestCounts) -> String {
+    if filter.is_empty() {
+        format!("all tests passed ({} end-to-end)", ran.passed)
+    } else {
+        format!(
+            "{} end-to-end tests matching {filter:?} passed; {} were left out by the filter",
+            ran.passed, ran.filtered_out
+        )
+    }
 }

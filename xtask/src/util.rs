@@ -64,6 +64,62 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Tests a `cargo test` run reported on its `test result:` lines.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TestCounts {
+    pub passed: u64,
+    pub ignored: u64,
+    pub filtered_out: u64,
+}
+
+impl TestCounts {
+    /// Adds one line of libtest's output if it is a `test result:` line
+    /// (`test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 7
+    /// filtered out; finished in 0.01s`).
+    pub fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().skip_while(|w| w.ends_with('.'));
+            let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "ignored" => self.ignored += n,
+                "filtered" => self.filtered_out += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs a `cargo test` command as [`run`] does, echoing its output, and
+/// returns the tests its `test result:` lines count.
+pub fn run_tests(cmd: &mut Command) -> anyhow::Result<TestCounts> {
+    use std::io::{BufRead as _, Write as _};
+    eprintln!("xtask: $ {}", show(cmd));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", show(cmd)))?;
+    let mut counts = TestCounts::default();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut echo = std::io::stdout().lock();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.context("reading the test output")?;
+        counts.add_line(&line);
+        let _ = writeln!(echo, "{line}");
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", show(cmd));
+    }
+    Ok(counts)
+}
+
 /// Runs a command quietly and returns its stdout, or None if it failed.
 pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
@@ -108,4 +164,31 @@ pub fn on_path(name: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_result_lines_are_summed() {
+        let mut c = TestCounts::default();
+        for line in [
+            "running 3 tests",
+            "test a ... ok",
+            "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 7 filtered out; finished in 0.01s",
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 12 filtered out; finished in 0.00s",
+            "test something about test result: ok. 9 passed",
+        ] {
+            c.add_line(line);
+        }
+        assert_eq!(
+            c,
+            TestCounts {
+                passed: 3,
+                ignored: 1,
+                filtered_out: 19
+            }
+        );
+    }
 }

@@ -1,6 +1,6 @@
-//! `mt-agent check`: a preflight for fleet operators. Each line says PASS or
-//! FAIL, and how to fix each FAIL. Exit code 0 only when mt-agent can run
-//! here, else 3.
+//! `mt-agent check`: a preflight for fleet operators. Each line says PASS,
+//! FAIL (and how to fix it) or INFO (something missing that mt-agent does
+//! without). Exit code 0 only when mt-agent can run here, else 3.
 //!
 //! The checks do the real thing where they can: the eBPF object is loaded
 //! (BPF syscall, ring buffer, verifier), a uprobe is attached to a function
@@ -28,9 +28,19 @@ use crate::{
     sys::caps,
 };
 
+/// What a line found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Pass,
+    /// Absent, and mt-agent does without it.
+    Info,
+    Fail,
+}
+
 /// One line of the report.
+#[derive(Debug)]
 struct Line {
-    pass: bool,
+    mark: Mark,
     what: &'static str,
     detail: String,
     fix: Option<String>,
@@ -44,7 +54,16 @@ struct Checklist {
 impl Checklist {
     fn pass(&mut self, what: &'static str, detail: impl Into<String>) {
         self.lines.push(Line {
-            pass: true,
+            mark: Mark::Pass,
+            what,
+            detail: detail.into(),
+            fix: None,
+        });
+    }
+
+    fn info(&mut self, what: &'static str, detail: impl Into<String>) {
+        self.lines.push(Line {
+            mark: Mark::Info,
             what,
             detail: detail.into(),
             fix: None,
@@ -53,7 +72,7 @@ impl Checklist {
 
     fn fail(&mut self, what: &'static str, detail: impl Into<String>, fix: impl Into<String>) {
         self.lines.push(Line {
-            pass: false,
+            mark: Mark::Fail,
             what,
             detail: detail.into(),
             fix: Some(fix.into()),
@@ -76,8 +95,16 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     privileges(&mut r, args.pid);
     bpf_and_uprobes(&mut r);
     perf_checks(&mut r, args.perf.as_deref());
-    pmu(&mut r);
-    paranoid(&mut r);
+    pmu(
+        &mut r,
+        perf::binary::has_hardware_pmu(),
+        Path::new(INTEL_PT).exists(),
+    );
+    paranoid(
+        &mut r,
+        fs::read_to_string(PARANOID).map_err(|e| e.to_string()),
+        caps::perfmon_capable(),
+    );
     lockdown(&mut r);
     free_space(&mut r, args.output.as_deref().unwrap_or(Path::new(".")));
     if let Some(pid) = args.pid {
@@ -85,7 +112,11 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     }
     let mut ok = true;
     for l in &r.lines {
-        let mark = if l.pass { "PASS" } else { "FAIL" };
+        let mark = match l.mark {
+            Mark::Pass => "PASS",
+            Mark::Info => "INFO",
+            Mark::Fail => "FAIL",
+        };
         println!("{mark}  {:<20} {}", l.what, l.detail);
         if let Some(fix) = &l.fix {
             println!("      {:<20} fix: {fix}", "");
@@ -447,29 +478,75 @@ fn ping_perf(spec: &PerfSpec) -> Result<(u128, String), String> {
     Ok((ms, kallsyms))
 }
 
-fn pmu(r: &mut Checklist) {
-    if perf::binary::has_hardware_pmu() {
+/// Where the kernel lists the Intel PT PMU when the CPU has one.
+const INTEL_PT: &str = "/sys/bus/event_source/devices/intel_pt";
+
+/// The hardware PMU (`perf::binary::has_hardware_pmu`) and Intel PT lines:
+/// PASS when present, INFO when absent (mt-agent does without either).
+fn pmu(r: &mut Checklist, hardware: bool, intel_pt: bool) {
+    if hardware {
         r.pass("hardware PMU", "present: the default event is cycles");
     } else {
-        r.pass(
+        r.info(
             "hardware PMU",
-            "none (a VM?): the default event is cpu-clock",
+            "none (a VM?): the default event is cpu-clock; hardware events such as cycles are not available",
         );
     }
-    if Path::new("/sys/bus/event_source/devices/intel_pt").exists() {
+    if intel_pt {
         r.pass("Intel PT", "available (not needed by mt-agent)");
     } else {
-        r.pass("Intel PT", "not available (not needed by mt-agent)");
+        r.info("Intel PT", "not available (not needed by mt-agent)");
     }
 }
 
-fn paranoid(r: &mut Checklist) {
-    let v = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
-    let v = v.trim();
-    r.pass(
-        "perf_event_paranoid",
-        format!("{v} (does not matter with the privileges above: CAP_PERFMON or CAP_SYS_ADMIN override it)"),
-    );
+/// The kernel's perf_event_paranoid setting.
+const PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
+
+/// The perf_event_paranoid line, from the file's text and whether this
+/// process holds CAP_PERFMON or CAP_SYS_ADMIN, which override the setting.
+/// Without them, 2 and above keep perf from sampling kernel code, and 3 and
+/// above (a Debian patch) from any perf_event_open (the kernel's
+/// Documentation/admin-guide/perf-security.rst and sysctl/kernel.rst).
+fn paranoid(r: &mut Checklist, text: Result<String, String>, privileged: bool) {
+    const WHAT: &str = "perf_event_paranoid";
+    let v = match text {
+        Ok(t) => match t.trim().parse::<i32>() {
+            Ok(v) => v,
+            Err(_) => {
+                return r.fail(
+                    WHAT,
+                    format!("{PARANOID} holds {:?}, not a number", t.trim()),
+                    "check the kernel's procfs",
+                );
+            }
+        },
+        Err(e) => {
+            return r.fail(
+                WHAT,
+                format!("cannot read {PARANOID}: {e}"),
+                "use a kernel built with CONFIG_PERF_EVENTS=y",
+            );
+        }
+    };
+    if privileged {
+        r.pass(
+            WHAT,
+            format!("{v} (does not matter: CAP_PERFMON or CAP_SYS_ADMIN overrides it)"),
+        );
+    } else if v <= 1 {
+        r.pass(WHAT, format!("{v}: perf may sample user and kernel code"));
+    } else {
+        r.fail(
+            WHAT,
+            format!(
+                "{v}, and neither CAP_PERFMON nor CAP_SYS_ADMIN: perf may not sample kernel code"
+            ),
+            format!(
+                "grant {} (which mt-agent needs anyway), or sysctl kernel.perf_event_paranoid=1",
+                caps::LEAST_SET
+            ),
+        );
+    }
 }
 
 fn lockdown(r: &mut Checklist) {
@@ -543,6 +620,48 @@ fn target_check(r: &mut Checklist, pid: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lines(f: impl FnOnce(&mut Checklist)) -> Vec<(Mark, &'static str, String)> {
+        let mut r = Checklist::default();
+        f(&mut r);
+        r.lines
+            .into_iter()
+            .map(|l| (l.mark, l.what, l.detail))
+            .collect()
+    }
+
+    #[test]
+    fn pmu_lines_say_what_is_there() {
+        let marks =
+            |hw, pt| -> Vec<Mark> { lines(|r| pmu(r, hw, pt)).into_iter().map(|l| l.0).collect() };
+        assert_eq!(marks(true, true), vec![Mark::Pass, Mark::Pass]);
+        assert_eq!(marks(false, false), vec![Mark::Info, Mark::Info]);
+        assert_eq!(marks(true, false), vec![Mark::Pass, Mark::Info]);
+        let none = lines(|r| pmu(r, false, false));
+        assert!(none[0].2.contains("cpu-clock"), "{none:?}");
+        assert!(none[1].2.contains("not available"), "{none:?}");
+    }
+
+    #[test]
+    fn paranoid_fails_only_when_it_limits_perf() {
+        let one = |text: Result<&str, &str>, privileged| {
+            let text = text.map(str::to_string).map_err(str::to_string);
+            lines(|r| paranoid(r, text, privileged)).remove(0)
+        };
+        assert_eq!(one(Ok("2\n"), true).0, Mark::Pass);
+        assert!(one(Ok("2\n"), true).2.starts_with("2 "));
+        assert_eq!(one(Ok("4\n"), true).0, Mark::Pass);
+        assert_eq!(one(Ok("-1\n"), false).0, Mark::Pass);
+        assert_eq!(one(Ok("1\n"), false).0, Mark::Pass);
+        let f = one(Ok("2\n"), false);
+        assert_eq!(f.0, Mark::Fail);
+        assert!(f.2.starts_with("2, and neither"), "{f:?}");
+        assert_eq!(one(Ok("3\n"), false).0, Mark::Fail);
+        assert_eq!(one(Ok("x"), true).0, Mark::Fail);
+        let missing = one(Err("No such file or directory"), true);
+        assert_eq!(missing.0, Mark::Fail);
+        assert!(missing.2.contains("No such file"), "{missing:?}");
+    }
 
     #[test]
     fn a_frequency_above_the_kernel_limit_is_refused_with_the_limit() {

@@ -83,6 +83,13 @@ pub fn has(cap: Capability) -> bool {
     caps::has_cap(None, CapSet::Effective, cap).unwrap_or(false)
 }
 
+/// Whether this process holds CAP_PERFMON or CAP_SYS_ADMIN: what the
+/// kernel's `perfmon_capable()` asks, and what lets perf ignore
+/// perf_event_paranoid.
+pub fn perfmon_capable() -> bool {
+    has(Capability::CAP_PERFMON) || has(Capability::CAP_SYS_ADMIN)
+}
+
 /// The uid that owns a process (the real uid in /proc/PID/status).
 pub fn owner(pid: i32) -> Option<u32> {
     crate::sys::proc::status_field(pid, "Uid")?

@@ -105,12 +105,15 @@ fn one(setup: &str, extra: Option<&[&str]>, seconds: u64) -> Value {
         }
     };
     let summary = run.as_ref().and_then(Run::summary).unwrap_or(Value::Null);
-    let v = json!({
+    let mut v = json!({
         "setup": setup,
         "ns_per_switch": ns,
         "perf_cpu_s": summary["perf_cpu_s"],
         "out_bytes": run.as_ref().map(|r| super::dir_bytes(&r.out)),
     });
+    if let Some(why) = run.as_ref().and_then(super::failure) {
+        super::mark_failed(&mut v, format!("switch {setup}: {why}"));
+    }
     eprintln!("bench: switch {v}");
     v
 }
@@ -139,7 +142,8 @@ pub fn run(quick: bool) -> Value {
         .zip(&raw)
         .map(|((name, _), runs)| {
             let ns = med(runs, "ns_per_switch");
-            json!({
+            let failures: Vec<&str> = runs.iter().filter_map(|r| r["failed"].as_str()).collect();
+            let mut row = json!({
                 "setup": name,
                 "ns_per_switch": ns,
                 "above_none_ns": ns - none,
@@ -147,7 +151,11 @@ pub fn run(quick: bool) -> Value {
                 "perf_cpu_s": med(runs, "perf_cpu_s"),
                 "out_bytes": med(runs, "out_bytes"),
                 "runs": runs,
-            })
+            });
+            if !failures.is_empty() {
+                row["failed"] = json!(failures.join("; "));
+            }
+            row
         })
         .collect();
     json!({"seconds": seconds, "rounds": rounds, "rows": rows})
@@ -179,6 +187,10 @@ pub fn print(r: &Value) {
     );
     println!("|---|---|---|---|---|---|");
     for row in r["rows"].as_array().into_iter().flatten() {
+        if let Some(line) = super::failed_row(row, row["setup"].as_str().unwrap_or(""), 6) {
+            println!("{line}");
+            continue;
+        }
         println!(
             "| {} | {} | {} | {}x | {} | {} |",
             row["setup"].as_str().unwrap_or(""),

@@ -256,6 +256,30 @@ fn main() {
         eprintln!("bench: raw figures in {}", out.display());
     }
     eprintln!("bench: done in {:.0} s", started.elapsed().as_secs_f64());
+    let failed = failures_in(&report);
+    if !failed.is_empty() {
+        eprintln!(
+            "bench: {} rows failed and print no figure:\n  {}",
+            failed.len(),
+            failed.join("\n  ")
+        );
+        std::process::exit(1);
+    }
+}
+
+/// Every `failed` mark in the report, wherever its row is.
+fn failures_in(v: &Value) -> Vec<String> {
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .flat_map(|(k, v)| match (k.as_str(), v.as_str()) {
+                ("failed", Some(why)) => vec![why.to_string()],
+                _ => failures_in(v),
+            })
+            .collect(),
+        Value::Array(a) => a.iter().flat_map(failures_in).collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn chrono_date() -> String {
@@ -310,6 +334,39 @@ impl Drop for Tracefs {
         if self.0 {
             let _ = Command::new("umount").arg("/sys/kernel/tracing").status();
         }
+    }
+}
+
+/// Why an agent's run does not count: it did not exit 0. The one error line
+/// it printed, if any, says why. A row built from such a run is marked
+/// `failed` and its figures are not printed.
+fn failure(run: &Run) -> Option<String> {
+    if run.code == Some(0) {
+        return None;
+    }
+    // The error line, or with --json the error event's message.
+    let error = run
+        .stderr
+        .iter()
+        .find(|l| l.starts_with("mt-agent: error:"))
+        .cloned()
+        .or_else(|| {
+            run.stdout.iter().find_map(|l| {
+                let v: Value = serde_json::from_str(l).ok()?;
+                (v["event"] == "error").then(|| v["message"].as_str().map(str::to_string))?
+            })
+        })
+        .map_or(String::new(), |l| format!(": {l}"));
+    Some(format!("mt-agent exited with {:?}{error}", run.code))
+}
+
+/// Marks `v` as failed for `why` (a row's first failure is kept, later
+/// ones added).
+fn mark_failed(v: &mut Value, why: String) {
+    eprintln!("bench: FAILED {why}");
+    match v["failed"].as_str() {
+        Some(first) => v["failed"] = json!(format!("{first}; {why}")),
+        None => v["failed"] = json!(why),
     }
 }
 
@@ -559,7 +616,7 @@ fn bench_run(
     func: &str,
     setup: &str,
     stats: bool,
-) -> (Vec<f64>, Option<u64>, Option<f64>) {
+) -> BenchRun {
     let bin = target_path("target_bench");
     let n = if short == "step" {
         plan.n_step
@@ -640,6 +697,7 @@ fn bench_run(
         _ => None,
     };
     let mut prog_ns = None;
+    let mut prog_runs = None;
     let _stats = stats.then(BpfStats::enable);
     if let Some(name) = prog.filter(|_| stats) {
         let want = plan.reps;
@@ -657,6 +715,7 @@ fn bench_run(
         }
         let (time, count) = program_stats(name);
         prog_ns = (count > 0).then(|| time as f64 / count as f64);
+        prog_runs = Some(count);
     }
     t.wait(Duration::from_secs(600));
     let ns: Vec<f64> = t
@@ -666,8 +725,10 @@ fn bench_run(
         .filter_map(|l| l.strip_prefix("ns_per_call ").and_then(|v| v.parse().ok()))
         .collect();
     let mut hits = None;
+    let mut failed = None;
     if let Some(a) = agent {
         let run = a.finish(FINISH);
+        failed = failure(&run);
         hits = run.summary().and_then(|s| s["counters"]["seen"].as_u64());
     }
     if let Some(p) = perf {
@@ -678,7 +739,37 @@ fn bench_run(
             .find_map(|l| l.split(',').next().and_then(|c| c.trim().parse().ok()))
             .or(hits);
     }
-    (ns, hits, prog_ns)
+    if ns.len() != plan.reps && failed.is_none() {
+        failed = Some(format!(
+            "the target printed {} of {} ns_per_call lines",
+            ns.len(),
+            plan.reps
+        ));
+    }
+    BenchRun {
+        ns,
+        hits,
+        prog_ns,
+        prog_runs,
+        calls: n + 1,
+        failed,
+    }
+}
+
+/// What one [`bench_run`] measured.
+struct BenchRun {
+    /// ns per call, one per repetition.
+    ns: Vec<f64>,
+    /// Probe hits the setup counted (the agent's `seen`, perf stat's count).
+    hits: Option<u64>,
+    /// With `stats`: the program's own run time per run, ns.
+    prog_ns: Option<f64>,
+    /// With `stats`: how many times the program ran (bpf_stats).
+    prog_runs: Option<u64>,
+    /// Calls the target made per repetition: the timed ones and a warm-up.
+    calls: u64,
+    /// Why the run does not count, if it does not.
+    failed: Option<String>,
 }
 
 fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
@@ -702,11 +793,13 @@ fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
             .collect();
         let mut ns: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
         let mut hits: Vec<Option<u64>> = vec![None; setups.len()];
+        let mut failed: Vec<Vec<String>> = vec![Vec::new(); setups.len()];
         for _ in 0..plan.reps {
             for (i, setup) in setups.iter().enumerate() {
-                let (v, h, _) = bench_run(&one, object, short, func, setup, false);
-                ns[i].extend(v);
-                if let Some(h) = h {
+                let b = bench_run(&one, object, short, func, setup, false);
+                ns[i].extend(b.ns);
+                failed[i].extend(b.failed);
+                if let Some(h) = b.hits {
                     hits[i] = Some(hits[i].unwrap_or(0) + h);
                 }
             }
@@ -720,7 +813,17 @@ fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
                     reps: 1,
                     ..*plan
                 };
-                bench_run(&quick, object, short, func, setup, true).2
+                let b = bench_run(&quick, object, short, func, setup, true);
+                failed[i].extend(b.failed);
+                // The floor is the ratio's denominator: it must have run
+                // on every call (bpf_stats counts each run of a program).
+                if b.prog_runs != Some(b.calls) {
+                    failed[i].push(format!(
+                        "{setup}'s program ran {:?} times for {} calls",
+                        b.prog_runs, b.calls
+                    ));
+                }
+                b.prog_ns
             } else {
                 None
             };
@@ -742,8 +845,17 @@ fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
                 ns[i].iter().map(|v| v.round()).collect::<Vec<_>>()
             );
             row[*setup] = json!({"ns_per_call": ns[i], "median": med, "overhead": med - none, "hits": hits, "calls": calls, "program_ns_per_run": prog_ns});
+            for why in failed[i].drain(..) {
+                mark_failed(&mut row[*setup], format!("{func} {setup}: {why}"));
+            }
         }
-        let over = |setup: &str| row[setup]["overhead"].as_f64().unwrap_or(f64::NAN);
+        let over = |setup: &str| {
+            if row[setup]["failed"].is_string() {
+                f64::NAN
+            } else {
+                row[setup]["overhead"].as_f64().unwrap_or(f64::NAN)
+            }
+        };
         let ours = over("mt-agent");
         let derived = [
             ("mt_agent_over_floor", ours / over("floor")),
@@ -863,8 +975,11 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
         .collect();
     let mut hit_to_kill = Vec::new();
     let mut latencies = Vec::new();
+    let mut failed = Vec::new();
+    let mut no_figure = None;
     if let Some((a, out)) = agent {
         let run = a.finish(FINISH);
+        failed.extend(failure(&run));
         let events = watch.take();
         // Each hit snapshot names its hit: arg0 is the stamp.
         for v in read_index(&out.join("snapshots.jsonl"))
@@ -872,28 +987,56 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
             .filter(|v| v["kind"] == "hit")
         {
             let stamp = v["hits"][0]["args"][0].as_u64().unwrap();
-            if let Some((t, _)) = events
+            match events
                 .iter()
                 .find(|(_, n)| Some(n.as_str()) == v["file"].as_str())
             {
-                latencies.push((t - stamp) as f64 / 1e6);
+                Some((t, _)) => latencies.push((t - stamp) as f64 / 1e6),
+                None => failed.push(format!("no rename seen for {}", v["file"])),
             }
-            hit_to_kill.push(v["hit_to_kill_ns"].as_u64().unwrap_or(0) as f64 / 1e3);
+            match v["hit_to_kill_ns"].as_u64() {
+                Some(ns) => hit_to_kill.push(ns as f64 / 1e3),
+                None => failed.push(format!("{} has no hit_to_kill_ns", v["file"])),
+            }
         }
-        let _ = run;
     } else if let Some(p) = perf {
         let _ = p.finish();
         let events = watch.take();
-        // perf-event switches on every hit, in order; the last rename is
-        // perf's final file.
-        for ((t, _), stamp) in events.iter().zip(&stamps) {
-            latencies.push((*t as f64 - *stamp as f64) / 1e6);
+        // perf-event switches on every hit, in order, and the last rename
+        // is perf's final file: pairs by order hold only when every stamp
+        // has its rename, or one missed switch shifts every later pair.
+        if events.len() == stamps.len() + 1 {
+            for ((t, _), stamp) in events.iter().zip(&stamps) {
+                latencies.push((*t as f64 - *stamp as f64) / 1e6);
+            }
+        } else {
+            // perf missed or merged switches (a loaded machine): no pairing
+            // can be trusted. Not a failure of the run, but no figure.
+            no_figure = Some(format!(
+                "{} renames for {} stamps: perf missed switches, so stamps and renames cannot be paired",
+                events.len(),
+                stamps.len()
+            ));
         }
     }
     eprintln!("bench: latency {setup:<26} {} samples", latencies.len());
     let mut v = json!({"setup": setup, "stamps": stamps.len(), "rename_ms": pcts(latencies)});
     if !hit_to_kill.is_empty() {
         v["hit_to_kill_us"] = pcts(hit_to_kill);
+    }
+    if stamps.len() as u64 != plan.stamps {
+        failed.push(format!(
+            "{} of {} stamps printed",
+            stamps.len(),
+            plan.stamps
+        ));
+    }
+    for why in failed {
+        mark_failed(&mut v, format!("latency {setup}: {why}"));
+    }
+    if let Some(why) = no_figure {
+        eprintln!("bench: latency {setup}: no figure: {why}");
+        v["no_figure"] = json!(why);
     }
     v
 }
@@ -985,14 +1128,23 @@ fn storm_run(plan: &Plan, object: &Path, setup: &str) -> Value {
         thread::sleep(Duration::from_millis(20));
     }
     t.wait(Duration::from_secs(60));
-    let calls = t.proc.stdout().iter().find_map(|l| {
-        l.strip_prefix("calls ")
-            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
-    });
-    v["calls"] = json!(calls);
-    v["calls_per_s"] = json!(calls.map(|c| c as f64 / plan.storm_s as f64));
+    // "calls N in S s": the calls and the storm's duration as the target
+    // measured it (CLOCK_MONOTONIC around its loop), not the planned one.
+    let measured = t.proc.stdout().iter().find_map(|l| storm_calls(l));
+    v["calls"] = json!(measured.map(|m| m.0));
+    v["storm_s"] = json!(measured.map(|m| m.1));
+    v["calls_per_s"] = json!(measured.map(|(c, secs)| c as f64 / secs));
+    if measured.is_none() {
+        mark_failed(
+            &mut v,
+            format!("storm {setup}: the target printed no calls line"),
+        );
+    }
     if let Some(a) = agent {
         let run = a.finish(FINISH);
+        if let Some(why) = failure(&run) {
+            mark_failed(&mut v, format!("storm {setup}: {why}"));
+        }
         let s = run.summary().unwrap_or(Value::Null);
         let c = &s["counters"];
         let dropped: u64 = c["dropped"]
@@ -1050,6 +1202,14 @@ fn storm_run(plan: &Plan, object: &Path, setup: &str) -> Value {
     v
 }
 
+/// The target's `calls N in S s` line: (N, S).
+fn storm_calls(line: &str) -> Option<(u64, f64)> {
+    let mut w = line.strip_prefix("calls ")?.split_whitespace();
+    let n = w.next()?.parse().ok()?;
+    let secs: f64 = w.nth(1)?.parse().ok()?;
+    (secs > 0.0).then_some((n, secs))
+}
+
 /// The storm's second table: speed against none, and what disarming costs
 /// and saves (`--cooldown 100ms`).
 fn print_storm_disarming(r: &Value) {
@@ -1064,6 +1224,10 @@ fn print_storm_disarming(r: &Value) {
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let us = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.0}"));
     for row in &rows {
+        if let Some(line) = failed_row(row, row["setup"].as_str().unwrap_or(""), 11) {
+            println!("{line}");
+            continue;
+        }
         // The repeated setups: the median of the rounds' own ratios.
         let ratio = match (row["calls_per_s"].as_f64(), none) {
             _ if row["ratio_to_none_median"].is_f64() => format!(
@@ -1187,6 +1351,14 @@ fn storm(plan: &Plan, object: &Path) -> Value {
         ratios.sort_by(f64::total_cmp);
         mine.sort_by(|a, b| speed(a).total_cmp(&speed(b)));
         let mut row = mine[mine.len() / 2].clone();
+        // A failed round fails the row: its ratio is no figure.
+        let failures: Vec<String> = mine
+            .iter()
+            .filter_map(|v| v["failed"].as_str().map(str::to_string))
+            .collect();
+        if !failures.is_empty() && !row["failed"].is_string() {
+            mark_failed(&mut row, failures.join("; "));
+        }
         row["calls_per_s_rounds"] = json!(mine.iter().map(speed).collect::<Vec<_>>());
         row["ratio_to_none_rounds"] = json!(ratios);
         row["ratio_to_none_median"] = json!(ratios[ratios.len() / 2]);
@@ -1197,6 +1369,7 @@ fn storm(plan: &Plan, object: &Path) -> Value {
 
 fn time_to_armed(plan: &Plan) -> Value {
     let mut ms = Vec::new();
+    let mut failed = Vec::new();
     for _ in 0..plan.armed_runs {
         let t = Target::start(&target_path("target_bench"), &["wait"]);
         let pid = t.pid().to_string();
@@ -1211,10 +1384,21 @@ fn time_to_armed(plan: &Plan) -> Value {
             ms.push(v);
         }
         a.proc.signal(libc::SIGINT);
-        let _ = a.finish(FINISH);
+        failed.extend(failure(&a.finish(FINISH)));
     }
     eprintln!("bench: time to armed {ms:?}");
-    json!({"ms": ms, "median": median(&ms)})
+    let mut v = json!({"ms": ms, "median": median(&ms)});
+    if ms.len() != plan.armed_runs {
+        failed.push(format!(
+            "{} of {} runs reported time_to_armed_ms",
+            ms.len(),
+            plan.armed_runs
+        ));
+    }
+    for why in failed {
+        mark_failed(&mut v, format!("time to armed: {why}"));
+    }
+    v
 }
 
 /// A busy 2-thread target that never hits, under each recording mode: what
@@ -1247,6 +1431,7 @@ fn waiting_run(plan: &Plan, mode: &str) -> Value {
     let waited_s = t0.elapsed().as_secs_f64();
     t.wait(Duration::from_secs(60));
     let run = a.finish(FINISH);
+    let failed = failure(&run);
     let s = run.summary().unwrap_or(Value::Null);
     // perf holds samples in its rings until a wakeup, so the bytes on disk
     // during a short wait understate continuous recording: every sample of
@@ -1274,6 +1459,10 @@ fn waiting_run(plan: &Plan, mode: &str) -> Value {
         "agent_cpu_s": s["agent_cpu_s"],
         "agent_peak_rss_kib": s["agent_peak_rss_kib"],
     });
+    let mut v = v;
+    if let Some(why) = failed {
+        mark_failed(&mut v, format!("waiting {mode}: {why}"));
+    }
     eprintln!("bench: waiting {v}");
     v
 }
@@ -1301,6 +1490,7 @@ fn stacks_run(plan: &Plan, mode: &str) -> Value {
     t.go();
     t.wait(Duration::from_secs(60));
     let run = a.finish(FINISH);
+    let failed = failure(&run);
     let s = run.summary().unwrap_or(Value::Null);
     let (mut samples, mut reach) = (0u64, 0u64);
     for f in perf_files(&run.out) {
@@ -1319,10 +1509,15 @@ fn stacks_run(plan: &Plan, mode: &str) -> Value {
         "snapshot_bytes": bytes,
         "bytes_per_sample": per_sample,
         "perf_cpu_s": perf_cpu,
-        // How far back a 16 MiB flight-recorder ring reaches with one busy
-        // thread sampled at 999 Hz: derived from bytes per sample.
-        "ring_16mib_seconds": RING_BYTES / (per_sample * 999.0),
+        // How far back a 16 MiB flight-recorder ring would reach with one
+        // busy thread sampled at 999 Hz: derived (16 MiB ÷ bytes per
+        // sample ÷ 999 Hz), not measured with a ring.
+        "ring_16mib_seconds_derived": RING_BYTES / (per_sample * 999.0),
     });
+    let mut v = v;
+    if let Some(why) = failed {
+        mark_failed(&mut v, format!("stacks {mode}: {why}"));
+    }
     eprintln!("bench: stacks {mode:<12} {v}");
     v
 }
@@ -1344,6 +1539,26 @@ fn f(v: &Value) -> String {
     }
 }
 
+/// `v[key]` as a figure, or "failed" when the run behind `v` failed.
+fn fig(v: &Value, key: &str) -> String {
+    if v["failed"].is_string() {
+        "failed".into()
+    } else {
+        f(&v[key])
+    }
+}
+
+/// A whole table row for a failed run (its label, then "failed" and why),
+/// or for a run that gave no figure it can stand by ("no figure" and why).
+fn failed_row(row: &Value, label: &str, columns: usize) -> Option<String> {
+    let rest = " - |".repeat(columns.saturating_sub(2));
+    if let Some(why) = row["failed"].as_str() {
+        return Some(format!("| {label} | failed ({why}) |{rest}"));
+    }
+    let why = row["no_figure"].as_str()?;
+    Some(format!("| {label} | no figure ({why}) |{rest}"))
+}
+
 fn print_tables(r: &Value) {
     let reps = if r["quick"] == true {
         "1 run (--quick)"
@@ -1360,11 +1575,11 @@ fn print_tables(r: &Value) {
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row["first_instruction"].as_str().unwrap_or(""),
-            f(&row["none"]["median"]),
-            f(&row["floor"]["overhead"]),
-            f(&row["mt-agent"]["overhead"]),
-            f(&row["perf-event"]["overhead"]),
-            f(&row["hw-breakpoint"]["overhead"]),
+            fig(&row["none"], "median"),
+            fig(&row["floor"], "overhead"),
+            fig(&row["mt-agent"], "overhead"),
+            fig(&row["perf-event"], "overhead"),
+            fig(&row["hw-breakpoint"], "overhead"),
             ratio(&row["mt_agent_over_floor"]),
             ratio(&row["mt_agent_over_perf_event"]),
             ratio(&row["mt_agent_over_hw_breakpoint"]),
@@ -1379,7 +1594,7 @@ fn print_tables(r: &Value) {
         println!(
             "| {} | {} | {} | {} |",
             row["first_instruction"].as_str().unwrap_or(""),
-            f(&row["mt-agent"]["overhead"]),
+            fig(&row["mt-agent"], "overhead"),
             f(&row["conditions_add_ns"]),
             f(&row["slower_than_adds_ns"]),
         );
@@ -1388,8 +1603,14 @@ fn print_tables(r: &Value) {
     println!("| setup | n | p50 | p90 | p99 | max | p50 / p99 ÷ perf-event's |");
     println!("|---|---|---|---|---|---|---|");
     let rows = r["latency"].as_array().cloned().unwrap_or_default();
-    let perf_event = rows.iter().find(|r| r["setup"] == "perf-event");
+    let perf_event = rows
+        .iter()
+        .find(|r| r["setup"] == "perf-event" && r["failed"].is_null() && r["no_figure"].is_null());
     for row in &rows {
+        if let Some(line) = failed_row(row, row["setup"].as_str().unwrap_or(""), 7) {
+            println!("{line}");
+            continue;
+        }
         let l = &row["rename_ms"];
         let q = |l: &Value, p: &str| l[p].as_f64().unwrap_or(f64::NAN);
         let vs = perf_event.map_or("-".into(), |pe| {
@@ -1415,7 +1636,7 @@ fn print_tables(r: &Value) {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|r| !r["hit_to_kill_us"].is_null())
+        .filter(|r| !r["hit_to_kill_us"].is_null() && !r["failed"].is_string())
     {
         let l = &row["hit_to_kill_us"];
         println!(
@@ -1434,6 +1655,10 @@ fn print_tables(r: &Value) {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for row in r["storm"].as_array().into_iter().flatten() {
+        if let Some(line) = failed_row(row, row["setup"].as_str().unwrap_or(""), 8) {
+            println!("{line}");
+            continue;
+        }
         let files = if row["setup"] == "perf-event" {
             format!(
                 "{} written, {} kept",
@@ -1475,6 +1700,10 @@ fn print_tables(r: &Value) {
         .find(|w| w["mode"] == "continuous")
         .and_then(|w| w["bytes_per_hour"].as_f64());
     for w in &rows {
+        if let Some(line) = failed_row(w, w["mode"].as_str().unwrap_or(""), 8) {
+            println!("{line}");
+            continue;
+        }
         let bph = w["bytes_per_hour"].as_f64().unwrap_or(f64::NAN);
         println!(
             "| {} | {} | {} | {:.2} | {} | {} | {} | {} |",
@@ -1492,10 +1721,14 @@ fn print_tables(r: &Value) {
         "\n### Stacks: frame pointers vs DWARF, a target built with -fomit-frame-pointer at 999 Hz\n"
     );
     println!(
-        "| --call-graph | samples | reach main | bytes per sample | perf CPU (s, start-up included) | a 16 MiB ring reaches back (s) |"
+        "| --call-graph | samples | reach main | bytes per sample | perf CPU (s, start-up included) | a 16 MiB ring would reach back (s, derived: 16 MiB ÷ bytes per sample ÷ 999 Hz) |"
     );
     println!("|---|---|---|---|---|---|");
     for row in r["stacks"].as_array().into_iter().flatten() {
+        if let Some(line) = failed_row(row, row["mode"].as_str().unwrap_or(""), 6) {
+            println!("{line}");
+            continue;
+        }
         println!(
             "| {} | {} | {:.0}% | {} | {:.2} | {} |",
             row["mode"].as_str().unwrap_or(""),
@@ -1503,10 +1736,14 @@ fn print_tables(r: &Value) {
             row["reach_main_percent"].as_f64().unwrap_or(f64::NAN),
             f(&row["bytes_per_sample"]),
             row["perf_cpu_s"].as_f64().unwrap_or(f64::NAN),
-            f(&row["ring_16mib_seconds"]),
+            f(&row["ring_16mib_seconds_derived"]),
         );
     }
     println!("\n### Time to armed\n");
+    if let Some(why) = r["time_to_armed"]["failed"].as_str() {
+        println!("failed ({why})");
+        return;
+    }
     println!(
         "median {} ms over {:?}",
         f(&r["time_to_armed"]["median"]),
