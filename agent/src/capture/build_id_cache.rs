@@ -396,8 +396,9 @@ fn parse_go_note(note: &[u8]) -> Option<String> {
         Some(u32::from_le_bytes(b) as usize)
     };
     let (namesz, descsz, kind) = (word(0)?, word(4)?, word(8)?);
+    // Go's linker writes the name with its padding: size 4, "Go\0\0".
     let name = note.get(12..12 + namesz)?;
-    if kind != 4 || name != b"Go\0" {
+    if kind != 4 || name.iter().rev().skip_while(|&&b| b == 0).count() != 2 || &name[..2] != b"Go" {
         return None;
     }
     let start = 12 + namesz.div_ceil(4) * 4;
@@ -553,7 +554,8 @@ mod tests {
         // The note of the tests' Go target (go 1.19), shortened.
         let id = b"tkviB_YAaGRq/uIT1SoVBra8h/GQM6OzLWii4Q/WBblZxofhhnS";
         let mut note = Vec::new();
-        note.extend(3u32.to_le_bytes());
+        // As go 1.19's linker writes it (readelf -x .note.go.buildid).
+        note.extend(4u32.to_le_bytes());
         note.extend((id.len() as u32).to_le_bytes());
         note.extend(4u32.to_le_bytes());
         note.extend(b"Go\0\0");
@@ -567,6 +569,13 @@ mod tests {
         gnu[8] = 3;
         assert_eq!(parse_go_note(&gnu), None);
         assert_eq!(parse_go_note(&note[..20]), None);
+        // The name without its padding in the size is the same note.
+        let mut short = note.clone();
+        short[0] = 3;
+        assert_eq!(parse_go_note(&short), parse_go_note(&note));
+        let mut other = note.clone();
+        other[13] = b'N';
+        assert_eq!(parse_go_note(&other), None);
         assert_eq!(
             go_layout(Path::new("/o/.debug"), Path::new("/srv/app"), "a/b-c_d"),
             Path::new("/o/.debug/srv/app/go-a.b-c_d")

@@ -596,7 +596,7 @@ fn log_symcache(printer: &Printer, kept: &build_id_cache::CacheStats) {
         ));
     }
     for (p, go) in &kept.go_build_id {
-        printer.verbose(&format!(
+        printer.warning(&format!(
             "{} is a Go binary: it has a Go build ID ({go}) but no GNU build-id, which is what \
              perf finds objects by, so a report names its frames from the file at that path; \
              the captured build is kept in {} by its Go build ID, and the report warns if the \
