@@ -212,14 +212,13 @@ impl Prologue {
             self.saved_at = rsp_displacement(insn, 0);
             return false;
         }
-        if insn.code() == Code::Sub_rm64_imm8 || insn.code() == Code::Sub_rm64_imm32 {
-            if insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::RSP {
-                let first = self.opened.is_none() && !self.pushed_rbp;
-                self.opened = first.then(|| insn.immediate(1));
-                self.pushed_rbp = false;
-                self.saved_at = None;
-                return false;
-            }
+        let sub = matches!(insn.code(), Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32);
+        if sub && insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::RSP {
+            let first = self.opened.is_none() && !self.pushed_rbp;
+            self.opened = first.then(|| insn.immediate(1));
+            self.pushed_rbp = false;
+            self.saved_at = None;
+            return false;
         }
         if moves_rsp(insn) || (insn.op_count() > 0 && insn.op0_register() == Register::RBP) {
             // rbp would not point at the saved rbp: no chain.
