@@ -16,7 +16,7 @@ use std::{
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, ExitStatus, Stdio},
-    sync::{Arc, Mutex, Once},
+    sync::{Arc, Mutex, Once, OnceLock},
     thread,
     time::{Duration, Instant},
 };
@@ -918,4 +918,36 @@ pub fn wait_snapshots(agent: &Agent, n: usize) {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// The Go target, built once per test binary.
+pub fn go_target() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/go");
+        let dir = std::env::temp_dir().join("mt-agent-test-go");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("gotarget");
+        let out = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg("main.go")
+            .current_dir(&src)
+            .env("GOCACHE", dir.join("cache"))
+            .env("GOPATH", dir.join("gopath"))
+            .env("GO111MODULE", "off")
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "go is missing ({e}): install golang-go (cargo xtask setup --with-test-deps)"
+                )
+            });
+        assert!(
+            out.status.success(),
+            "go build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+    .clone()
 }

@@ -18,6 +18,11 @@
  *                        "ns_per_switch X"; pp_trigger() is called once
  *                        every 65536 round trips (a function to probe that
  *                        costs nothing measurable)
+ *   offcpu condwait N    N times, 300 ms apart: slow_call_cond(), which
+ *                        runs cond_wait_part(), which waits 100 ms in libc's
+ *                        pthread_cond_timedwait (nobody signals: it times
+ *                        out). Debian's libc has no frame pointers, so a
+ *                        frame-pointer walk from inside it loses the caller
  *   offcpu wait          waits until killed (a target that never switches)
  *
  * The functions the tests name are noipa: one symbol each, never inlined or
@@ -119,6 +124,37 @@ __attribute__((noipa)) void slow_call(long i) {
   compute_part();
   wait_part();
   sink += (uint64_t)i;
+}
+
+/* --- condwait ----------------------------------------------------------- */
+
+static pthread_mutex_t g_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
+
+__attribute__((noipa)) void cond_wait_part(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_nsec += WAIT_MS * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&g_mutex);
+  while (pthread_cond_timedwait(&g_cond, &g_mutex, &t) == 0) {
+  }
+  pthread_mutex_unlock(&g_mutex);
+}
+
+__attribute__((noipa)) void slow_call_cond(long i) {
+  cond_wait_part();
+  sink += (uint64_t)i;
+}
+
+static void run_condwait(long n) {
+  for (long i = 0; i < n; i++) {
+    slow_call_cond(i);
+    sleep_ms(GAP_MS);
+  }
 }
 
 static void run_blocked(long n) {
@@ -243,7 +279,7 @@ static void run_pingpong(long seconds) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: offcpu blocked N | runnable N | pingpong SECONDS | wait\n");
+    fprintf(stderr, "usage: offcpu blocked N | runnable N | condwait N | pingpong SECONDS | wait\n");
     return 2;
   }
   const char *mode = argv[1];
@@ -258,6 +294,8 @@ int main(int argc, char **argv) {
     run_runnable(a);
   } else if (!strcmp(mode, "pingpong")) {
     run_pingpong(a);
+  } else if (!strcmp(mode, "condwait")) {
+    run_condwait(a);
   } else if (!strcmp(mode, "wait")) {
     for (;;) pause();
   } else {

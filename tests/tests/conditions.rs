@@ -2,7 +2,7 @@
 //! --every, --tid, --max-rate, --after; C++ exceptions and Go. Privileged.
 //! The exact-count tests call the trigger from one thread.
 
-use std::{path::PathBuf, process::Command, sync::OnceLock, time::Duration};
+use std::{process::Command, time::Duration};
 
 use mt_agent_tests::*;
 use serde_json::Value;
@@ -373,38 +373,6 @@ fn use_uretprobe_works_but_warns() {
         "{}",
         run.output()
     );
-}
-
-/// The Go target, built once per test binary.
-fn go_target() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/go");
-        let dir = std::env::temp_dir().join("mt-agent-test-go");
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("gotarget");
-        let out = Command::new("go")
-            .args(["build", "-o"])
-            .arg(&bin)
-            .arg("main.go")
-            .current_dir(&src)
-            .env("GOCACHE", dir.join("cache"))
-            .env("GOPATH", dir.join("gopath"))
-            .env("GO111MODULE", "off")
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "go is missing ({e}): install golang-go (cargo xtask setup --with-test-deps)"
-                )
-            });
-        assert!(
-            out.status.success(),
-            "go build failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        bin
-    })
-    .clone()
 }
 
 #[test]

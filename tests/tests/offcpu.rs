@@ -11,7 +11,7 @@
 use std::{
     collections::HashMap,
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
@@ -426,12 +426,10 @@ fn kernel_symbols() -> std::collections::HashSet<String> {
         .collect()
 }
 
-/// The report's off-CPU folded file (`OUT/report/<file>.offcpu.folded`,
-/// weights in µs) has `wait_part` on top of its heaviest stack.
-#[test]
-fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
-    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
-    let run = capture(&mut t, BLOCKED_CALL);
+/// Runs `mt-agent report` on a run and returns, for each off-CPU folded
+/// file (`OUT/report/<file>.offcpu.folded`, weights in µs), its path and
+/// its heaviest stack with that stack's weight. Expects one file per hit.
+fn heaviest_blocked_stacks(run: &Run) -> Vec<(PathBuf, Vec<String>, u64)> {
     let out = Command::new(agent_bin())
         .arg("report")
         .arg(&run.out)
@@ -455,16 +453,30 @@ fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
         "one off-CPU folded file per slow call in {}",
         dir.display()
     );
+    folded
+        .into_iter()
+        .map(|f| {
+            let stacks = read_folded(&f);
+            let (top, weight) = stacks
+                .into_iter()
+                .max_by_key(|(_, w)| *w)
+                .unwrap_or_else(|| panic!("{} is empty", f.display()));
+            (f, top, weight)
+        })
+        .collect()
+}
+
+/// The report's off-CPU folded file has `wait_part` on top of its heaviest
+/// stack.
+#[test]
+fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
+    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
+    let run = capture(&mut t, BLOCKED_CALL);
     let kernel = kernel_symbols();
     // Kernel frames may be kept (flame-graph tools mark them `_[k]`); above
     // wait_part there must be nothing else.
     let is_kernel = |f: &str| f.ends_with("_[k]") || kernel.contains(f);
-    for f in folded {
-        let stacks = read_folded(&f);
-        let (top, weight) = stacks
-            .iter()
-            .max_by_key(|(_, w)| *w)
-            .unwrap_or_else(|| panic!("{} is empty", f.display()));
+    for (f, top, weight) in heaviest_blocked_stacks(&run) {
         let at = top
             .iter()
             .position(|s| s == "wait_part")
@@ -481,7 +493,54 @@ fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
         );
         // Weights are µs; wait_part blocks ≥ 90 ms (see the blocked test).
         assert!(
-            *weight >= 90_000,
+            weight >= 90_000,
+            "{}: {top:?} weighs {weight} µs",
+            f.display()
+        );
+    }
+}
+
+/// A frame-pointer program blocked inside libc (which has no frame
+/// pointers on Debian): the heaviest blocked stack still reaches the
+/// program's function that called into libc, through the small DWARF stack
+/// copy of the context-switch sample (docs/off-cpu.md).
+#[test]
+fn a_wait_inside_libc_reaches_the_programs_caller() {
+    let mut t = Target::start(&offcpu(), &["condwait", "3"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "slow_call_cond",
+            "--slower-than",
+            "50ms",
+            "--cooldown",
+            "0",
+        ],
+    );
+    let armed = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "armed")
+        .unwrap_or_else(|| panic!("no armed event\n{}", run.output()));
+    assert_eq!(armed["unwinding"]["mode"], "fp", "{armed}");
+    assert_eq!(
+        run.hits().len(),
+        3,
+        "one hit per slow call\n{}",
+        run.output()
+    );
+    for (f, top, weight) in heaviest_blocked_stacks(&run) {
+        eprintln!("{}: {weight} µs {}", f.display(), top.join(";"));
+        assert!(
+            top.iter().any(|s| s == "cond_wait_part") && top.iter().any(|s| s == "slow_call_cond"),
+            "the heaviest blocked stack of {} stops before the program's frames: {top:?}",
+            f.display()
+        );
+        // Weights are µs; the timed wait is 100 ms.
+        assert!(
+            weight >= 90_000,
             "{}: {top:?} weighs {weight} µs",
             f.display()
         );

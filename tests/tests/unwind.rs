@@ -379,3 +379,102 @@ fn exe_runs_share_one_cache_in_the_root_directory() {
         assert!(text.contains("old_build_level3"), "{text}");
     }
 }
+
+/// Of the samples in the `window_ns` before `ktime_ns` that are in
+/// `main.burnCPU` (any thread: a goroutine moves between threads): how many
+/// there are, and how many reach `main.handler` and the goroutine's start.
+fn go_moment_reach(text: &str, ktime_ns: u64, window_ns: u64) -> (usize, usize) {
+    let moment: Vec<Sample> = parse_samples(text)
+        .into_iter()
+        .filter(|s| s.time_ns <= ktime_ns && s.time_ns + window_ns >= ktime_ns)
+        .filter(|s| s.frames.iter().any(|f| f == "main.burnCPU"))
+        .collect();
+    let reach = moment
+        .iter()
+        .filter(|s| {
+            s.frames.iter().any(|f| f == "main.handler")
+                && s.frames.iter().any(|f| f.starts_with("runtime.goexit"))
+        })
+        .count();
+    (moment.len(), reach)
+}
+
+#[test]
+fn go_keeps_frame_pointers_and_its_stacks_reach_the_goroutine_start() {
+    // A copy, so that the deploy below (the binary deleted) is the test's own.
+    let bins = tempfile::tempdir().unwrap();
+    let bin = bins.path().join("srv");
+    fs::copy(go_target(), &bin).unwrap();
+    // handler(i) burns 300 ms in burnCPU, then calls trigger(i).
+    let mut t = Target::start(&bin, &["handler", "2", "300"]);
+    let run = capture(&mut t, &["--symbol", "main.trigger", "-v"]);
+    let a = armed(&run);
+    assert_eq!(a["unwinding"]["mode"], "fp", "{a}\n{}", run.output());
+    assert!(
+        a["unwinding"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("frame pointers kept") && r.contains("(Go)")),
+        "{a}"
+    );
+    // A Go binary has a Go build ID, not a GNU one: no "has no build-id".
+    let all: Vec<&String> = run.stdout.iter().chain(&run.stderr).collect();
+    assert!(
+        !all.iter().any(|l| l.contains("has no build-id")),
+        "{}",
+        run.output()
+    );
+    assert!(
+        all.iter()
+            .any(|l| l.contains("is a Go binary") && l.contains("Go build ID")),
+        "no word on how the Go binary is kept\n{}",
+        run.output()
+    );
+    // Kept by its Go build ID.
+    let debug = run.out.join(".debug");
+    let kept = elf_copies(&debug.join(bin.strip_prefix("/").unwrap()));
+    assert!(
+        kept.len() == 1
+            && kept[0]
+                .parent()
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n.to_string_lossy().starts_with("go-")),
+        "{kept:?}"
+    );
+    let files = hit_files(&run);
+    assert!(!files.is_empty(), "{}", run.output());
+    let (mut n, mut reach) = (0, 0);
+    for (file, _, ktime) in &files {
+        let (a, b) = go_moment_reach(&perf_script_cached(file, &debug), *ktime, 200_000_000);
+        n += a;
+        reach += b;
+    }
+    eprintln!(
+        "Go, fp: {reach} of {n} samples in main.burnCPU reach main.handler and runtime.goexit"
+    );
+    // 200 ms per hit at 999 Hz: ~200 samples each on an idle machine.
+    assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
+    assert!(
+        reach * 10 >= n * 9,
+        "{reach} of {n} samples of the moments reach main.handler and runtime.goexit"
+    );
+
+    // The deploy: the binary gone. perf would name its frames from the file
+    // at the path; the report says that the build that ran is elsewhere.
+    fs::remove_file(&bin).unwrap();
+    let out = Command::new(agent_bin())
+        .arg("report")
+        .arg(&run.out)
+        .output()
+        .expect("mt-agent report");
+    assert!(
+        out.status.success(),
+        "mt-agent report: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    assert!(
+        page.contains(&format!("{} is now no Go binary", bin.display()))
+            && page.contains(&kept[0].display().to_string()),
+        "the report does not say that the Go binary that ran is gone and where it is kept"
+    );
+}

@@ -55,6 +55,10 @@ pub struct CacheStats {
     /// Mapped ELF objects without a build-id note: perf cannot tell their
     /// versions apart, so they are not kept.
     pub without_build_id: Vec<PathBuf>,
+    /// Go binaries with a Go build ID but no GNU build-id: (path, Go build
+    /// ID). Kept by their Go build ID ([`go_layout`]), where perf does not
+    /// look (docs/build-ids.md, "Go binaries").
+    pub go_build_id: Vec<(PathBuf, String)>,
     /// Objects that could not be read or copied, with the reason.
     pub failed: Vec<String>,
 }
@@ -227,6 +231,9 @@ impl Worker {
     /// Copies one object into the cache unless its build-id is there.
     fn keep(&mut self, path: &Path, mut file: File) -> io::Result<()> {
         let Some(id) = read_build_id(&file)? else {
+            if let Some(go) = read_go_build_id(&file) {
+                return self.keep_go(path, file, go);
+            }
             if is_elf(&mut file) {
                 self.stats.without_build_id.push(path.to_path_buf());
             }
@@ -263,6 +270,141 @@ impl Worker {
         self.kept.insert(hex);
         Ok(())
     }
+}
+
+impl Worker {
+    /// Copies a Go binary that has no GNU build-id into its [`go_layout`]
+    /// place, once per Go build ID.
+    fn keep_go(&mut self, path: &Path, mut file: File, go: String) -> io::Result<()> {
+        let key = format!("go:{go}");
+        if self.kept.contains(&key) {
+            return Ok(());
+        }
+        self.kept.insert(key);
+        self.stats
+            .go_build_id
+            .push((path.to_path_buf(), go.clone()));
+        let dir = go_layout(&self.root, path, &go);
+        if dir.join("elf").exists() {
+            return Ok(());
+        }
+        let size = file.metadata()?.len();
+        let parent = self.root.parent().unwrap_or(Path::new("/"));
+        if let Some(why) = leaves_too_little(parent, size) {
+            self.stats.failed.push(format!("{}: {why}", path.display()));
+            return Ok(());
+        }
+        let _ = ROOT.set(self.root.clone());
+        mkdirs(&self.root, &dir)?;
+        let bytes = copy_new(&mut file, &dir.join("elf"))?;
+        self.stats.objects += 1;
+        self.stats.bytes += bytes;
+        Ok(())
+    }
+}
+
+/// Where the cache keeps a Go binary that has no GNU build-id, by its Go
+/// build ID: `ROOT/<path of the object>/go-<Go build ID, '/' as '.'>`
+/// (a Go build ID is `actionID/contentID` in base64url, cmd/go/internal/work/buildid.go).
+pub fn go_layout(root: &Path, path: &Path, go_build_id: &str) -> PathBuf {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let name: String = go_build_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '.'
+            }
+        })
+        .collect();
+    root.join(rel).join(format!("go-{name}"))
+}
+
+/// A Go binary the cache kept ([`go_layout`]) whose path now holds another
+/// build, or nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoReplaced {
+    /// The binary's path when it ran.
+    pub path: PathBuf,
+    /// The kept copy.
+    pub kept: PathBuf,
+    /// The Go build ID of the file now at the path, if it is a Go binary.
+    pub now: Option<String>,
+}
+
+/// The Go binaries kept below `root` (a run's `OUT/.debug`) whose path
+/// holds another Go build ID now, or no file: perf names their frames from
+/// that file. Directories are walked at most [`GO_WALK_DEPTH`] deep.
+pub fn go_replaced(root: &Path) -> Vec<GoReplaced> {
+    let mut out = Vec::new();
+    let mut stack = vec![(root.to_path_buf(), 0)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let (p, name) = (e.path(), e.file_name());
+            if !e.file_type().is_ok_and(|t| t.is_dir()) || name == ".build-id" {
+                continue;
+            }
+            let is_go = name.to_str().is_some_and(|n| n.starts_with("go-"));
+            if !is_go {
+                if depth < GO_WALK_DEPTH {
+                    stack.push((p, depth + 1));
+                }
+                continue;
+            }
+            let kept = p.join("elf");
+            let Some(id) = File::open(&kept).ok().and_then(|f| read_go_build_id(&f)) else {
+                continue;
+            };
+            let Ok(rel) = dir.strip_prefix(root) else {
+                continue;
+            };
+            let path = Path::new("/").join(rel);
+            let now = File::open(&path).ok().and_then(|f| read_go_build_id(&f));
+            if now.as_deref() != Some(id.as_str()) {
+                out.push(GoReplaced { path, kept, now });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// How deep [`go_replaced`] looks below the cache: the depth of the kept
+/// paths (`/usr/local/bin/x` is 3).
+pub const GO_WALK_DEPTH: usize = 16;
+
+/// The Go build ID of a Go binary: the description of its `.note.go.buildid`
+/// note (name "Go", type 4, cmd/link/internal/ld/elf.go `elfwritegobuildid`).
+pub fn read_go_build_id(file: &File) -> Option<String> {
+    use object::{Object as _, ObjectSection as _};
+    let data = object::ReadCache::new(file);
+    let elf = object::File::parse(&data).ok()?;
+    let note = elf.section_by_name(".note.go.buildid")?.data().ok()?;
+    parse_go_note(note)
+}
+
+/// The description of an ELF note named "Go" of type 4 (little-endian
+/// header: name size, description size, type; name and description padded
+/// to 4 bytes).
+fn parse_go_note(note: &[u8]) -> Option<String> {
+    let word = |i: usize| -> Option<usize> {
+        let b: [u8; 4] = note.get(i..i + 4)?.try_into().ok()?;
+        Some(u32::from_le_bytes(b) as usize)
+    };
+    let (namesz, descsz, kind) = (word(0)?, word(4)?, word(8)?);
+    // Go's linker writes the name with its padding: size 4, "Go\0\0".
+    let name = note.get(12..12 + namesz)?;
+    if kind != 4 || name.iter().rev().skip_while(|&&b| b == 0).count() != 2 || &name[..2] != b"Go" {
+        return None;
+    }
+    let start = 12 + namesz.div_ceil(4) * 4;
+    let desc = note.get(start..start.checked_add(descsz)?)?;
+    let id = std::str::from_utf8(desc).ok()?;
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 /// Space the snapshots keep for themselves: a copy is skipped when it would
@@ -405,6 +547,42 @@ mod tests {
         fs::rename(&root, &moved).unwrap();
         let (_, link, _) = layout(&moved, Path::new("/some/app"), &hex(&id));
         assert!(link.join("elf").is_file());
+    }
+
+    #[test]
+    fn a_go_build_id_note_is_read() {
+        // The note of the tests' Go target (go 1.19), shortened.
+        let id = b"tkviB_YAaGRq/uIT1SoVBra8h/GQM6OzLWii4Q/WBblZxofhhnS";
+        let mut note = Vec::new();
+        // As go 1.19's linker writes it (readelf -x .note.go.buildid).
+        note.extend(4u32.to_le_bytes());
+        note.extend((id.len() as u32).to_le_bytes());
+        note.extend(4u32.to_le_bytes());
+        note.extend(b"Go\0\0");
+        note.extend(id);
+        assert_eq!(
+            parse_go_note(&note).as_deref(),
+            Some("tkviB_YAaGRq/uIT1SoVBra8h/GQM6OzLWii4Q/WBblZxofhhnS")
+        );
+        // A GNU note (type 3) is not a Go build ID.
+        let mut gnu = note.clone();
+        gnu[8] = 3;
+        assert_eq!(parse_go_note(&gnu), None);
+        assert_eq!(parse_go_note(&note[..20]), None);
+        // The name without its padding in the size is the same note.
+        let mut short = note.clone();
+        short[0] = 3;
+        assert_eq!(parse_go_note(&short), parse_go_note(&note));
+        let mut other = note.clone();
+        other[13] = b'N';
+        assert_eq!(parse_go_note(&other), None);
+        assert_eq!(
+            go_layout(Path::new("/o/.debug"), Path::new("/srv/app"), "a/b-c_d"),
+            Path::new("/o/.debug/srv/app/go-a.b-c_d")
+        );
+        // Not a Go binary: our own test executable.
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(read_go_build_id(&File::open(exe).unwrap()), None);
     }
 
     #[test]

@@ -612,6 +612,17 @@ fn log_symcache(printer: &Printer, kept: &build_id_cache::CacheStats) {
             p.display()
         ));
     }
+    for (p, go) in &kept.go_build_id {
+        printer.warning(&format!(
+            "{} is a Go binary: it has a Go build ID ({go}) but no GNU build-id, which is what \
+             perf finds objects by, so a report names its frames from the file at that path; \
+             the captured build is kept in {} by its Go build ID, and the report warns if the \
+             file at the path has another one (link with -ldflags=-B=0x<hex> to give it a GNU \
+             build-id)",
+            p.display(),
+            build_id_cache::DIR
+        ));
+    }
     for f in &kept.failed {
         printer.verbose(&format!("not kept: {f}"));
     }

@@ -178,17 +178,43 @@ impl PerfSpec {
                 .map(OsString::from)
                 .to_vec();
         }
-        [
+        let switch = if self.frame_pointer_stacks() {
+            format!("sched:sched_switch/call-graph=dwarf,stack-size={SWITCH_STACK_BYTES}/")
+        } else {
+            "sched:sched_switch".into()
+        };
+        let mut args: Vec<OsString> = [
             "-e",
             &with_freq(&self.event, self.freq),
             "-e",
-            "sched:sched_switch",
+            &switch,
             "--switch-events",
         ]
         .map(OsString::from)
-        .to_vec()
+        .to_vec();
+        if self.frame_pointer_stacks() {
+            // perf script unwinds the copies only when the file has the data
+            // mappings too (`-d` sets `mmap_data`; measured with perf 6.1,
+            // docs/off-cpu.md).
+            args.push("-d".into());
+        }
+        args
+    }
+
+    /// Stacks are unwound with frame pointers (`--call-graph fp`).
+    fn frame_pointer_stacks(&self) -> bool {
+        self.call_graph
+            .iter()
+            .map(String::as_str)
+            .eq(["--call-graph", "fp"])
     }
 }
+
+/// Bytes of user stack each `sched:sched_switch` sample copies when the CPU
+/// samples use frame pointers: enough to unwind through libc's waits (which
+/// have no frame pointers on Debian) to the program's caller. The figures
+/// it comes from are in docs/off-cpu.md ("Blocked stacks through libc").
+pub const SWITCH_STACK_BYTES: u32 = 1024;
 
 /// `event` with a `freq=` term: `cpu-clock` → `cpu-clock/freq=999/`,
 /// `cycles:u` → `cycles/freq=999/u`, `cpu/cycles/` → `cpu/cycles,freq=999/`.
@@ -719,6 +745,39 @@ mod tests {
             "{args}"
         );
         assert!(!args.contains(" -F "), "{args}");
+        assert!(!args.contains(" -d "), "{args}");
+    }
+
+    #[test]
+    fn with_frame_pointers_the_context_switch_sample_copies_a_small_stack() {
+        let fp = PerfSpec {
+            call_graph: vec!["--call-graph".into(), "fp".into()],
+            ..spec(Recording::Continuous, Some(Duration::from_secs(1)))
+        };
+        let args = args_text(&fp);
+        assert!(
+            args.contains(
+                " -e cpu-clock/freq=999/ -e sched:sched_switch/call-graph=dwarf,stack-size=1024/ \
+                 --switch-events -d --call-graph fp "
+            ),
+            "{args}"
+        );
+        // DWARF already copies the stack at every sample.
+        let dwarf = PerfSpec {
+            call_graph: vec!["--call-graph".into(), "dwarf,8192".into()],
+            ..fp.clone()
+        };
+        let args = args_text(&dwarf);
+        assert!(
+            args.contains(" -e sched:sched_switch --switch-events --call-graph dwarf,8192 "),
+            "{args}"
+        );
+        // Without the breakdown, nothing is added.
+        let off = PerfSpec {
+            off_cpu: None,
+            ..fp
+        };
+        assert!(!args_text(&off).contains("sched_switch"));
     }
 
     #[test]

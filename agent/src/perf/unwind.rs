@@ -14,8 +14,9 @@
 use std::path::Path;
 
 use crate::{
-    flags::parse::CallGraph, perf::args::pass_through_decides,
-    symbols::frame_pointers::count_frames,
+    flags::parse::CallGraph,
+    perf::args::pass_through_decides,
+    symbols::frame_pointers::{FrameCount, count_frames},
 };
 use serde::Serialize;
 
@@ -73,14 +74,8 @@ pub fn decide(
     let mut checked = Vec::new();
     for (name, path) in objects {
         match count_frames(path) {
-            Ok(c) if !c.keeps_frame_pointers() => without.push(format!(
-                "{name}: {} of {} functions set one up",
-                c.with_frame, c.sampled
-            )),
-            Ok(c) => checked.push(format!(
-                "{name}: {} of {} functions set one up",
-                c.with_frame, c.sampled
-            )),
+            Ok(c) if !c.keeps_frame_pointers() => without.push(counted(name, &c)),
+            Ok(c) => checked.push(counted(name, &c)),
             Err(e) => without.push(format!("{name}: unreadable ({e})")),
         }
     }
@@ -95,6 +90,15 @@ pub fn decide(
             reason: format!("no frame pointers: {}", without.join("; ")),
         }
     })
+}
+
+/// `srv (Go): 198 of 200 functions set one up`.
+fn counted(name: &str, c: &FrameCount) -> String {
+    let go = if c.go { " (Go)" } else { "" };
+    format!(
+        "{name}{go}: {} of {} functions set one up",
+        c.with_frame, c.sampled
+    )
 }
 
 fn chosen(mode: &str) -> Unwinding {

@@ -101,15 +101,34 @@ fn warnings(h: &mut String, p: &Page) {
             r.bad_lines
         );
     }
+    for g in &p.go_replaced {
+        let now = match &g.now {
+            Some(id) => format!("a Go binary with another Go build ID ({id})"),
+            None => "no Go binary".into(),
+        };
+        let _ = write!(
+            h,
+            "<p class=\"warn\">{} is now {now}: it has no GNU build-id, so perf named its frames \
+             from that file, not from the build that ran. The build that ran is kept as \
+             <code>{}</code>; put it back at that path to read the snapshots.</p>",
+            esc(&g.path.display().to_string()),
+            esc(&g.kept.display().to_string())
+        );
+    }
     let (cut, all) = p.truncated;
     if all > 0 && cut * 2 > all {
+        let used = p
+            .files
+            .iter()
+            .find_map(|f| f.cmdline.as_deref())
+            .and_then(runinfo::unwinding);
         let _ = write!(
             h,
             "<p class=\"warn\">{cut} of {all} stacks ({:.0}%) do not reach their thread's start \
-             (<code>main</code>, <code>start_thread</code>, <code>_start</code>, <code>clone</code>): \
-             the objects were probably built without frame pointers. Their callers are missing \
-             from the graphs; record with DWARF unwinding (<code>-- --call-graph dwarf</code>).</p>",
-            100.0 * cut as f64 / all as f64
+             (<code>main</code>, <code>start_thread</code>, <code>_start</code>, <code>clone</code>, \
+             <code>runtime.goexit</code>): {}</p>",
+            100.0 * cut as f64 / all as f64,
+            runinfo::truncation_advice(used.as_deref())
         );
     }
 }

@@ -63,6 +63,9 @@ pub struct Page {
     pub truncated: (u64, u64),
     /// First sample time of each index directory, CLOCK_MONOTONIC ns.
     starts: HashMap<PathBuf, u64>,
+    /// Go binaries whose path holds another build than the run's
+    /// (docs/build-ids.md, "Go binaries").
+    pub go_replaced: Vec<crate::capture::build_id_cache::GoReplaced>,
 }
 
 impl Page {
@@ -185,6 +188,13 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
             *s = (*s).min(lo);
         }
     }
+    let mut caches: Vec<&PathBuf> = runs.iter().filter_map(|r| r.buildid_dir.as_ref()).collect();
+    caches.sort();
+    caches.dedup();
+    let go_replaced = caches
+        .into_iter()
+        .flat_map(|d| crate::capture::build_id_cache::go_replaced(d))
+        .collect();
     Ok(Page {
         out: out.to_path_buf(),
         runs,
@@ -192,6 +202,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
         window_ns,
         truncated,
         starts,
+        go_replaced,
     })
 }
 

@@ -93,6 +93,41 @@ pub fn of(p: &Page, r: &RunDir) -> RunInfo {
 }
 
 /// The value of a command-line option (`-F 999`, `--freq=999`).
+/// How perf unwound the user stacks of the CPU samples, from its command
+/// line: `fp` (`-g`, or `--call-graph fp`), `dwarf,SIZE`, another mode
+/// (`lbr`), or `None` when the command line names none.
+pub fn unwinding(cmd: &str) -> Option<String> {
+    if let Some(mode) = option(cmd, &["--call-graph"]) {
+        return Some(mode.to_string());
+    }
+    // `-g` alone or in a cluster of short flags (`-ag`) is fp.
+    cmd.split_whitespace()
+        .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('g') && w.len() <= 4)
+        .then(|| "fp".to_string())
+}
+
+/// What the page tells a reader whose stacks stop short of their thread's
+/// start, for the unwinding the run used (never the one it already used).
+pub fn truncation_advice(unwinding: Option<&str>) -> &'static str {
+    match unwinding {
+        Some(m) if m == "fp" || m.starts_with("fp,") => {
+            "the objects were probably built without frame pointers. Their callers are missing \
+             from the graphs; record with DWARF unwinding (<code>--call-graph dwarf</code>)."
+        }
+        Some(m) if m.starts_with("dwarf") => {
+            "the run already used DWARF unwinding, which stops where a stack is deeper than the \
+             copy perf took (record with <code>--call-graph dwarf,16384</code>) or where perf \
+             cannot unwind a function's call-frame information, as perf 6.1 cannot Go's (Go \
+             keeps frame pointers: record with <code>--call-graph fp</code>)."
+        }
+        _ => {
+            "perf's unwinding stopped early. Their callers are missing from the graphs; \
+             <code>--call-graph fp</code> suits code with frame pointers (and Go), \
+             <code>--call-graph dwarf</code> code without."
+        }
+    }
+}
+
 fn option<'a>(cmd: &'a str, names: &[&str]) -> Option<&'a str> {
     let mut it = cmd.split_whitespace();
     while let Some(w) = it.next() {
@@ -189,5 +224,31 @@ mod tests {
             Some("99")
         );
         assert_eq!(option(c, &["--call-graph"]), None);
+    }
+
+    #[test]
+    fn the_advice_on_cut_stacks_never_repeats_the_unwinding_used() {
+        let dwarf = "/usr/bin/perf record -p 42 -e cpu-clock/freq=999/ -e sched:sched_switch \
+                     --switch-events --call-graph dwarf,8192 -k CLOCK_MONOTONIC";
+        assert_eq!(unwinding(dwarf).as_deref(), Some("dwarf,8192"));
+        let fp = "/usr/bin/perf record -p 42 -e cpu-clock/freq=999/ -e \
+                  sched:sched_switch/call-graph=dwarf,stack-size=1024/ --switch-events -d \
+                  --call-graph fp -k CLOCK_MONOTONIC";
+        assert_eq!(unwinding(fp).as_deref(), Some("fp"));
+        assert_eq!(
+            unwinding("/usr/bin/perf record -p 42 -e cpu-clock -F 999 -g").as_deref(),
+            Some("fp")
+        );
+        assert_eq!(unwinding("/usr/bin/perf record -p 42 -F 999"), None);
+        let advice = |cmd: &str| truncation_advice(unwinding(cmd).as_deref());
+        assert!(
+            !advice(dwarf).contains("record with DWARF"),
+            "{}",
+            advice(dwarf)
+        );
+        assert!(!advice(dwarf).contains("dwarf</code>"), "{}", advice(dwarf));
+        assert!(advice(dwarf).contains("--call-graph fp"));
+        assert!(advice(fp).contains("--call-graph dwarf"));
+        assert!(!advice(fp).contains("--call-graph fp"));
     }
 }

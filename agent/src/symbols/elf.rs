@@ -232,10 +232,14 @@ impl ElfObject {
         self.elf().is_ok_and(|f| !f.elf_symbol_table().is_empty())
     }
 
-    /// Whether this is a Go binary (it has a `.go.buildinfo` section).
+    /// Whether this is a Go binary: it has Go's build information
+    /// (`.go.buildinfo`, Go 1.13 on) or Go's build ID note
+    /// (`.note.go.buildid`), which the Go linker writes (cmd/link).
     pub fn is_go(&self) -> bool {
-        self.elf()
-            .is_ok_and(|f| f.section_by_name(".go.buildinfo").is_some())
+        self.elf().is_ok_and(|f| {
+            f.section_by_name(".go.buildinfo").is_some()
+                || f.section_by_name(".note.go.buildid").is_some()
+        })
     }
 
     /// The GNU build-id note, if any.

@@ -2,14 +2,15 @@
 //!
 //! The check: in each traced object (the executable, and the object of the
 //! trigger), sample up to [`SAMPLE`] functions that make calls, and look for
-//! the frame set-up `push rbp; mov rbp, rsp` in their first
-//! [`PROLOGUE_INSNS`] instructions. An object keeps frame pointers when at
+//! the frame set-up in their first [`PROLOGUE_INSNS`] instructions: C's
+//! `push rbp; mov rbp, rsp`, or Go's `sub rsp, N; mov [rsp+N-8], rbp;
+//! lea rbp, [rsp+N-8]` (docs/unwinding.md). An object keeps frame pointers when at
 //! least half of them have it. Leaf functions are left out: gcc's
 //! `-momit-leaf-frame-pointer` drops their frames without breaking a chain.
 
 use std::path::Path;
 
-use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, Register};
+use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind, Register};
 
 use crate::symbols::elf::{ElfObject, SymKind, size_in_segment, vaddr_to_offset};
 
@@ -120,6 +121,8 @@ fn v0_first_crate(rest: &str) -> Option<&str> {
 pub struct FrameCount {
     pub with_frame: usize,
     pub sampled: usize,
+    /// A Go binary ([`ElfObject::is_go`]): its functions set up frames Go's way.
+    pub go: bool,
 }
 
 impl FrameCount {
@@ -130,15 +133,20 @@ impl FrameCount {
     }
 }
 
-/// Whether a function's first [`PROLOGUE_INSNS`] instructions set up a frame
-/// (`push rbp`, then `mov rbp, rsp` with nothing moving the stack pointer in
-/// between: gcc schedules other instructions there), and whether its body
-/// makes a call. `bytes` is the function's body.
+/// Whether a function's first [`PROLOGUE_INSNS`] instructions set up a frame,
+/// and whether its body makes a call. `bytes` is the function's body.
+///
+/// Two set-ups count, each leaving `rbp` pointing at the caller's saved
+/// `rbp` with the return address just above it:
+/// - C's: `push rbp`, then `mov rbp, rsp` with nothing moving the stack
+///   pointer in between (gcc schedules other instructions there);
+/// - Go's on amd64 (`cmd/internal/obj/x86/obj6.go`, `preprocess`; docs/unwinding.md):
+///   `sub rsp, N`, then `mov [rsp+N-8], rbp` and `lea rbp, [rsp+N-8]`.
 pub fn classify(bytes: &[u8]) -> (bool, bool) {
     let mut d = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
     let mut frame = false;
     let mut calls = false;
-    let mut pushed_rbp = false;
+    let mut prologue = Prologue::default();
     let mut n = 0;
     while d.can_decode() {
         let insn = d.decode();
@@ -147,19 +155,7 @@ pub fn classify(bytes: &[u8]) -> (bool, bool) {
         }
         n += 1;
         if n <= PROLOGUE_INSNS && !frame {
-            let is_mov = matches!(insn.code(), Code::Mov_rm64_r64 | Code::Mov_r64_rm64);
-            if pushed_rbp
-                && is_mov
-                && insn.op0_register() == Register::RBP
-                && insn.op1_register() == Register::RSP
-            {
-                frame = true;
-            } else if insn.mnemonic() == Mnemonic::Push && insn.op0_register() == Register::RBP {
-                pushed_rbp = true;
-            } else if moves_rsp(&insn) {
-                // rbp would not point at the saved rbp: no chain.
-                pushed_rbp = false;
-            }
+            frame = prologue.step(&insn);
         }
         if insn.mnemonic() == Mnemonic::Call {
             calls = true;
@@ -171,6 +167,77 @@ pub fn classify(bytes: &[u8]) -> (bool, bool) {
     (frame, calls)
 }
 
+/// What the instructions of a prologue did so far, for [`classify`].
+#[derive(Default)]
+struct Prologue {
+    /// `push rbp` was the last move of the stack pointer (C).
+    pushed_rbp: bool,
+    /// Bytes opened by `sub rsp, imm` since the entry, when nothing else
+    /// moved the stack pointer (Go).
+    opened: Option<u64>,
+    /// `rsp` displacement at which `rbp` was saved just below the return
+    /// address (Go).
+    saved_at: Option<u64>,
+}
+
+impl Prologue {
+    /// Takes one instruction; true once a frame is set up.
+    fn step(&mut self, insn: &iced_x86::Instruction) -> bool {
+        let is_mov = matches!(insn.code(), Code::Mov_rm64_r64 | Code::Mov_r64_rm64);
+        if self.pushed_rbp
+            && is_mov
+            && insn.op0_register() == Register::RBP
+            && insn.op1_register() == Register::RSP
+        {
+            return true;
+        }
+        if insn.mnemonic() == Mnemonic::Push && insn.op0_register() == Register::RBP {
+            self.pushed_rbp = self.opened.is_none();
+            self.opened = None;
+            self.saved_at = None;
+            return false;
+        }
+        if let Some(x) = self.saved_at
+            && insn.mnemonic() == Mnemonic::Lea
+            && insn.op0_register() == Register::RBP
+            && rsp_displacement(insn, 1) == Some(x)
+        {
+            return true;
+        }
+        if let Some(opened) = self.opened
+            && is_mov
+            && insn.op1_register() == Register::RBP
+            && rsp_displacement(insn, 0).is_some_and(|x| x + 8 == opened)
+        {
+            self.saved_at = rsp_displacement(insn, 0);
+            return false;
+        }
+        let sub = matches!(insn.code(), Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32);
+        if sub && insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::RSP {
+            let first = self.opened.is_none() && !self.pushed_rbp;
+            self.opened = first.then(|| insn.immediate(1));
+            self.pushed_rbp = false;
+            self.saved_at = None;
+            return false;
+        }
+        if moves_rsp(insn) || (insn.op_count() > 0 && insn.op0_register() == Register::RBP) {
+            // rbp would not point at the saved rbp: no chain.
+            self.pushed_rbp = false;
+            self.opened = None;
+            self.saved_at = None;
+        }
+        false
+    }
+}
+
+/// The displacement of operand `op` when it is `[rsp+disp]` with no index.
+fn rsp_displacement(insn: &iced_x86::Instruction, op: u32) -> Option<u64> {
+    (insn.op_kind(op) == OpKind::Memory
+        && insn.memory_base() == Register::RSP
+        && insn.memory_index() == Register::None)
+        .then(|| insn.memory_displacement64())
+}
+
 /// Whether an instruction changes the stack pointer (pushes, pops, calls,
 /// and arithmetic or moves into `rsp`).
 fn moves_rsp(insn: &iced_x86::Instruction) -> bool {
@@ -178,7 +245,7 @@ fn moves_rsp(insn: &iced_x86::Instruction) -> bool {
         insn.mnemonic(),
         Mnemonic::Push | Mnemonic::Pop | Mnemonic::Call | Mnemonic::Enter | Mnemonic::Leave
     ) || (insn.op_count() > 0
-        && insn.op0_kind() == iced_x86::OpKind::Register
+        && insn.op0_kind() == OpKind::Register
         && insn.op0_register() == Register::RSP)
 }
 
@@ -188,6 +255,7 @@ pub fn count_frames(path: &Path) -> anyhow::Result<FrameCount> {
     // Opened and read as every other read of a target's file: safely, on
     // demand and within the size budget (symbols::elf).
     let elf = ElfObject::open(path)?;
+    let go = elf.is_go();
     let mut funcs: Vec<(u64, u64)> = elf
         .symtab()
         .into_iter()
@@ -201,7 +269,10 @@ pub fn count_frames(path: &Path) -> anyhow::Result<FrameCount> {
     let segments = elf.segments();
     // Every k-th function, then more if too few of those make calls.
     let step = (funcs.len() / (SAMPLE * 2)).max(1);
-    let mut count = FrameCount::default();
+    let mut count = FrameCount {
+        go,
+        ..FrameCount::default()
+    };
     for &(addr, size) in funcs.iter().step_by(step) {
         let Some(offset) = vaddr_to_offset(&segments, addr) else {
             continue;
@@ -277,6 +348,49 @@ mod tests {
     }
 
     #[test]
+    fn gos_frame_set_up_is_recognized() {
+        // Go 1.19's main.slow: cmp rsp, [r14+0x10]; jbe; sub rsp, 0x10;
+        // mov [rsp+8], rbp; lea rbp, [rsp+8]; call.
+        let stack_check: &[u8] = &[0x49, 0x3b, 0x66, 0x10, 0x76, 0x58];
+        let small = code(&[
+            stack_check,
+            &[0x48, 0x83, 0xec, 0x10],
+            &[0x48, 0x89, 0x6c, 0x24, 0x08],
+            &[0x48, 0x8d, 0x6c, 0x24, 0x08],
+            &CALL,
+        ]);
+        assert_eq!(classify(&small), (true, true));
+        // A large frame (main.main): lea r12, [rsp-0xc8]; cmp r12, [r14+0x10];
+        // jbe; sub rsp, 0x148; mov [rsp+0x140], rbp; lea rbp, [rsp+0x140].
+        let large = code(&[
+            &[0x4c, 0x8d, 0xa4, 0x24, 0x38, 0xff, 0xff, 0xff],
+            &[0x4d, 0x3b, 0x66, 0x10, 0x0f, 0x86, 0x34, 0x03, 0, 0],
+            &[0x48, 0x81, 0xec, 0x48, 0x01, 0, 0],
+            &[0x48, 0x89, 0xac, 0x24, 0x40, 0x01, 0, 0],
+            &[0x48, 0x8d, 0xac, 0x24, 0x40, 0x01, 0, 0],
+            &CALL,
+        ]);
+        assert_eq!(classify(&large), (true, true));
+        // rbp saved elsewhere than below the return address: rbp would not
+        // point at a link of the chain (mov [rsp], rbp; lea rbp, [rsp]).
+        let low = code(&[
+            &[0x48, 0x83, 0xec, 0x10],
+            &[0x48, 0x89, 0x2c, 0x24],
+            &[0x48, 0x8d, 0x2c, 0x24],
+            &CALL,
+        ]);
+        assert_eq!(classify(&low), (false, true));
+        // Saved, but rbp then used for data (mov rbp, rdi).
+        let data = code(&[
+            &[0x48, 0x83, 0xec, 0x10],
+            &[0x48, 0x89, 0x6c, 0x24, 0x08],
+            &[0x48, 0x89, 0xfd],
+            &CALL,
+        ]);
+        assert_eq!(classify(&data), (false, true));
+    }
+
+    #[test]
     fn code_without_frame_pointers_is_recognized() {
         // -fomit-frame-pointer: sub rsp, 8; call; add rsp, 8; ret.
         let omit = code(&[
@@ -325,6 +439,7 @@ mod tests {
         let c = |with_frame, sampled| FrameCount {
             with_frame,
             sampled,
+            go: false,
         };
         assert!(c(190, 200).keeps_frame_pointers());
         assert!(c(100, 200).keeps_frame_pointers());

@@ -6,6 +6,8 @@
 //	gotarget slow N           slow(i) for i in 0..N; i in {10,20,30} sleep 50 ms
 //	gotarget long N MS        long(i) for i in 0..N back to back: even i burn MS ms of
 //	                          CPU, odd i sleep MS ms (a handler that is slow either way)
+//	gotarget handler N MS     in a goroutine, N times: handler(i), which
+//	                          burns MS ms in burnCPU, then trigger(i)
 package main
 
 import (
@@ -64,6 +66,23 @@ func burn(d time.Duration) {
 	}
 }
 
+// handler and burnCPU: a request's work two calls below the goroutine's
+// start, for the frame-pointer stacks (tests/tests/unwind.rs).
+//
+//go:noinline
+func handler(i int, ms int) int {
+	burnCPU(time.Duration(ms) * time.Millisecond)
+	return trigger(i)
+}
+
+//go:noinline
+func burnCPU(d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		sink++
+	}
+}
+
 func main() {
 	mode := os.Args[1]
 	n, _ := strconv.Atoi(os.Args[2])
@@ -88,6 +107,15 @@ func main() {
 		for i := 0; i < n; i++ {
 			long(i, time.Duration(gap)*time.Millisecond)
 		}
+	case "handler":
+		done := make(chan bool)
+		go func() {
+			for i := 0; i < n; i++ {
+				handler(i, gap)
+			}
+			done <- true
+		}()
+		<-done
 	}
 	burn(200 * time.Millisecond)
 	fmt.Println("done")
