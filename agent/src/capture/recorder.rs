@@ -655,7 +655,12 @@ impl Recorder {
             .map(|c| c.read(self.trigger))
             .unwrap_or_default();
         let merged = self.machine.stats().merged;
-        read_facts(&path, &mut snap, self.off_cpu);
+        read_facts(
+            &path,
+            &mut snap,
+            self.off_cpu,
+            self.spec_recording.ring_bytes(),
+        );
         mark_calls_before(&mut snap);
         let disarm = self
             .disarm
@@ -785,9 +790,15 @@ impl Recorder {
 }
 
 /// Reads a completed snapshot file: its sample span, and with the off-CPU
-/// breakdown (`off_cpu`, the window before a hit without a duration) each
+/// breakdown (`off_cpu`, the window before a hit without a duration) what
+/// the file does not show (`ring_bytes`: a flight recorder's ring) and each
 /// hit's breakdown. Left unset, logged, when the file cannot be read.
-fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Duration>) {
+fn read_facts(
+    path: &std::path::Path,
+    snap: &mut Snapshot,
+    off_cpu: Option<Duration>,
+    ring_bytes: Option<u64>,
+) {
     let tids: Vec<u32> = match off_cpu {
         Some(_) => snap.hits.iter().map(|h| h.tid).collect(),
         None => Vec::new(),
@@ -803,6 +814,11 @@ fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Durat
     let Some(window) = off_cpu else {
         return;
     };
+    let gaps = facts.coverage.gaps(ring_bytes);
+    snap.lost_records = facts.coverage.lost_records;
+    // No timed record: the file shows nothing (gaps() says the same).
+    snap.records_from_ns = Some(facts.coverage.start_ns(ring_bytes).unwrap_or(u64::MAX));
+    snap.lost_ns = gaps[1..].to_vec();
     for h in &mut snap.hits {
         let back = h.duration_ns.unwrap_or(window.as_nanos() as u64);
         let from = h.ktime_ns.saturating_sub(back);
@@ -812,7 +828,7 @@ fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Durat
             .map_or(&[][..], Vec::as_slice);
         h.off_cpu = Some(OffCpu {
             off_cpu_from_ns: from,
-            breakdown: offcpu::breakdown(switches, from, h.ktime_ns),
+            breakdown: offcpu::breakdown(switches, &gaps, from, h.ktime_ns),
             reaches_start: switches.iter().any(|s| s.time_ns <= from),
         });
     }

@@ -180,6 +180,9 @@ impl SnapshotMachine {
                     hit_to_kill_ns,
                     unlisted_hits: p.hits.unlisted,
                     span: None,
+                    records_from_ns: None,
+                    lost_records: 0,
+                    lost_ns: Vec::new(),
                 }));
                 if self.phase == Phase::Running
                     && self
@@ -223,6 +226,9 @@ impl SnapshotMachine {
                     hit_to_kill_ns: None,
                     unlisted_hits: hits.unlisted,
                     span: None,
+                    records_from_ns: None,
+                    lost_records: 0,
+                    lost_ns: Vec::new(),
                 }));
             }
         }

@@ -66,6 +66,10 @@ pub struct Armed {
     /// perf also records the target threads' context switches, with a stack
     /// at each switch-out: the off-CPU breakdown.
     pub off_cpu: bool,
+    /// The trigger's object is a Go binary: the off-CPU breakdown describes
+    /// OS threads, not goroutines.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub go: bool,
 }
 
 impl Armed {
@@ -75,7 +79,12 @@ impl Armed {
             Some(b) => format!("in a flight recorder of {} KiB per CPU", b / 1024),
             None => "continuously".into(),
         };
-        if self.off_cpu {
+        if self.off_cpu && self.go {
+            format!(
+                "{how}, with its context switches for the off-CPU breakdown (of OS threads: \
+                 a Go target's goroutines move between them, docs/off-cpu.md)"
+            )
+        } else if self.off_cpu {
             format!("{how}, with its context switches for the off-CPU breakdown")
         } else {
             how
@@ -579,11 +588,20 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// ` (on CPU 20.1 ms, runnable 0 ns, blocked 100.2 ms)`: a hit's off-CPU
-/// breakdown for the text output.
+/// breakdown for the text output, with `, unknown 155.0 ms (not in the
+/// snapshot file)` when part of the window is not shown by the file.
 fn breakdown_text(o: OffCpu) -> String {
     let b = o.breakdown;
+    let unknown = if b.unknown_ns > 0 {
+        format!(
+            ", unknown {} (not in the snapshot file)",
+            human_ns(b.unknown_ns)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        " (on CPU {}, runnable {}, blocked {})",
+        " (on CPU {}, runnable {}, blocked {}{unknown})",
         human_ns(b.on_cpu_ns),
         human_ns(b.runnable_ns),
         human_ns(b.blocked_ns)
@@ -604,6 +622,9 @@ mod tests {
             hit_to_kill_ns: None,
             unlisted_hits: 0,
             span: None,
+            records_from_ns: None,
+            lost_records: 0,
+            lost_ns: Vec::new(),
         };
         let event = SnapshotEvent {
             pid: 42,
@@ -613,6 +634,31 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&event).unwrap(),
             r#"{"pid":42,"n":3,"kind":"tail","file":"perf.data.1","bytes":812,"hits":[]}"#
+        );
+    }
+
+    #[test]
+    fn the_text_breakdown_says_what_the_file_does_not_show() {
+        use crate::perf::offcpu::Breakdown;
+        let mut o = OffCpu {
+            off_cpu_from_ns: 0,
+            breakdown: Breakdown {
+                on_cpu_ns: 140_000_000,
+                runnable_ns: 5_000_000,
+                blocked_ns: 0,
+                unknown_ns: 0,
+            },
+            reaches_start: false,
+        };
+        assert_eq!(
+            breakdown_text(o),
+            " (on CPU 140.0 ms, runnable 5.0 ms, blocked 0 ns)"
+        );
+        o.breakdown.unknown_ns = 155_000_000;
+        assert_eq!(
+            breakdown_text(o),
+            " (on CPU 140.0 ms, runnable 5.0 ms, blocked 0 ns, unknown 155.0 ms (not in the \
+             snapshot file))"
         );
     }
 

@@ -182,6 +182,10 @@ impl PerfSpec {
             "-e",
             "sched:sched_switch",
             "--switch-events",
+            // Each record's CPU: a loss record says which ring lost records,
+            // so the stretch it hides starts at that ring's previous record
+            // (perf/data.rs).
+            "--sample-cpu",
         ]
         .map(OsString::from)
         .to_vec()
@@ -639,7 +643,9 @@ mod tests {
     fn the_off_cpu_breakdown_adds_the_switch_events_and_moves_the_frequency_into_the_event() {
         let args = args_text(&spec(Recording::Continuous, Some(Duration::from_secs(1))));
         assert!(
-            args.contains(" -e cpu-clock/freq=999/ -e sched:sched_switch --switch-events "),
+            args.contains(
+                " -e cpu-clock/freq=999/ -e sched:sched_switch --switch-events --sample-cpu "
+            ),
             "{args}"
         );
         assert!(!args.contains(" -F "), "{args}");
