@@ -85,6 +85,8 @@ struct Ring {
     first_ns: u64,
     last_ns: u64,
     bytes: u64,
+    /// The ring lost records in this file.
+    lossy: bool,
 }
 
 /// Which stretches of time a file shows, from its timed records in file
@@ -108,6 +110,7 @@ impl Coverage {
             first_ns: time_ns,
             last_ns: time_ns,
             bytes: 0,
+            lossy: false,
         });
         r.first_ns = r.first_ns.min(time_ns);
         r.last_ns = r.last_ns.max(time_ns);
@@ -126,6 +129,9 @@ impl Coverage {
         };
         self.lost.push([from, time_ns]);
         self.record(cpu, time_ns, 0);
+        if let Some(r) = self.rings.get_mut(&cpu) {
+            r.lossy = true;
+        }
     }
 
     /// The time from which every ring is whole, CLOCK_MONOTONIC ns (`None`:
@@ -144,12 +150,23 @@ impl Coverage {
     }
 
     /// The stretches the file does not show: all time before
-    /// [`Self::start_ns`] (all time, for a file without a timed record) and
-    /// each loss.
+    /// [`Self::start_ns`] (all time, for a file without a timed record),
+    /// each loss, and all time after the last record of a ring that lost
+    /// records. A loss still going on when perf switches files is reported
+    /// by the kernel at the ring's next write, in the next file; a ring
+    /// that was losing in this file may be losing at its end.
     pub fn gaps(&self, ring_bytes: Option<u64>) -> Vec<Gap> {
         let start = self.start_ns(ring_bytes).unwrap_or(u64::MAX);
         let mut v = vec![[0, start]];
         v.extend(self.lost.iter().copied());
+        let mut tails: Vec<u64> = self
+            .rings
+            .values()
+            .filter(|r| r.lossy)
+            .map(|r| r.last_ns)
+            .collect();
+        tails.sort_unstable();
+        v.extend(tails.first().map(|&t| [t, u64::MAX]));
         v
     }
 }
@@ -298,13 +315,27 @@ mod tests {
         c.lost(Some(0), 450, 2);
         // A ring with no record before its loss lost from the file's start.
         c.lost(Some(2), 300, 1);
+        c.record(Some(0), 480, 64);
+        c.record(Some(1), 500, 64);
         assert_eq!(c.lost_records, 10);
-        assert_eq!(c.gaps(None), [[0, 100], [200, 400], [400, 450], [0, 300]]);
+        // After the last record of a ring that lost records, it may be
+        // losing still: the kernel reports that in the next file.
+        // Rings 0 and 2 lost records; ring 2's last record is at 300.
+        assert_eq!(
+            c.gaps(None),
+            [[0, 100], [200, 400], [400, 450], [0, 300], [300, u64::MAX]]
+        );
         // Without a CPU, from the file's start.
         let mut c = Coverage::default();
         c.record(None, 100, 64);
         c.lost(None, 250, 1);
-        assert_eq!(c.gaps(None), [[0, 100], [0, 250]]);
+        c.record(None, 260, 64);
+        assert_eq!(c.gaps(None), [[0, 100], [0, 250], [260, u64::MAX]]);
+        // A file that lost nothing shows everything after its start.
+        let mut c = Coverage::default();
+        c.record(Some(0), 100, 64);
+        c.record(Some(0), 900, 64);
+        assert_eq!(c.gaps(None), [[0, 100]]);
     }
 
     #[test]
