@@ -663,6 +663,43 @@ mod tests {
     }
 
     #[test]
+    fn the_armed_line_says_a_go_targets_breakdown_is_of_threads() {
+        let mut a = Armed {
+            pid: Some(1),
+            perf_pid: Some(2),
+            exe: None,
+            trigger: 0,
+            event: "cpu-clock".into(),
+            freq: 999,
+            symbol: "main.handler".into(),
+            object: "/srv/app".into(),
+            attach_offset: 0,
+            uprobes: 2,
+            cost: None,
+            output: "/out".into(),
+            time_to_armed_ms: 0.0,
+            perf_ready_ms: 0.0,
+            recording: "continuous",
+            flight_ring_bytes: None,
+            unwinding: crate::perf::unwind::Unwinding {
+                mode: "fp".into(),
+                reason: "test".into(),
+            },
+            off_cpu: true,
+            go: false,
+        };
+        assert!(!a.recording_words().contains("goroutine"));
+        a.go = true;
+        assert!(
+            a.recording_words()
+                .contains("of OS threads: a Go target's goroutines")
+        );
+        assert!(serde_json::to_string(&a).unwrap().contains(r#""go":true"#));
+        a.off_cpu = false;
+        assert!(!a.recording_words().contains("goroutine"));
+    }
+
+    #[test]
     fn human_units() {
         assert_eq!(human_ns(153_000), "153 µs");
         assert_eq!(human_ns(1_200_000), "1.2 ms");
