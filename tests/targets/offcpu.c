@@ -23,6 +23,15 @@
  *                        pthread_cond_timedwait (nobody signals: it times
  *                        out). Debian's libc has no frame pointers, so a
  *                        frame-pointer walk from inside it loses the caller
+ *   offcpu overlap N     N times, 400 ms apart: one thread calls
+ *                        overlap_call(1) and spins 300 ms of wall time (no
+ *                        system call), while a second thread, 50 ms in,
+ *                        calls overlap_call(0), which sleeps 100 ms: its
+ *                        return, in the middle of the spin, makes perf
+ *                        switch files before the spin's call returns
+ *   offcpu lossy N       four threads block and wake every ~50 µs; the main
+ *                        thread N times sleeps 1200 ms, calls lossy_call(),
+ *                        sleeps 30 ms, calls it again
  *   offcpu wait          waits until killed (a target that never switches)
  *
  * The functions the tests name are noipa: one symbol each, never inlined or
@@ -277,9 +286,67 @@ static void run_pingpong(long seconds) {
   fflush(stdout);
 }
 
+/* --- overlap ------------------------------------------------------------ */
+
+#define SPIN_MS 300
+#define OVERLAP_SLEEP_MS 100
+
+__attribute__((noipa)) void overlap_call(long spin) {
+  if (spin) {
+    uint64_t end = now_ns() + (uint64_t)SPIN_MS * 1000000ull;
+    while (now_ns() < end) sink++;
+  } else {
+    sleep_ms(OVERLAP_SLEEP_MS);
+  }
+}
+
+static void *overlap_sleeper(void *arg) {
+  (void)arg;
+  sleep_ms(50);
+  overlap_call(0);
+  return NULL;
+}
+
+static void run_overlap(long n) {
+  for (long i = 0; i < n; i++) {
+    pthread_t t;
+    pthread_create(&t, NULL, overlap_sleeper, NULL);
+    overlap_call(1);
+    pthread_join(t, NULL);
+    sleep_ms(GAP_MS + 100);
+  }
+}
+
+/* --- lossy -------------------------------------------------------------- */
+
+__attribute__((noipa)) void lossy_call(long i) { sink += (uint64_t)i; }
+
+static void *churner(void *arg) {
+  (void)arg;
+  struct timespec t = {0, 50000};
+  while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+    for (int k = 0; k < 2000; k++) __asm__ volatile("" ::: "memory");
+    nanosleep(&t, NULL);
+  }
+  return NULL;
+}
+
+static void run_lossy(long n) {
+  pthread_t c[4];
+  for (int k = 0; k < 4; k++) pthread_create(&c[k], NULL, churner, NULL);
+  for (long i = 0; i < n; i++) {
+    sleep_ms(1200);
+    lossy_call(2 * i);
+    sleep_ms(30);
+    lossy_call(2 * i + 1);
+  }
+  __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
+  for (int k = 0; k < 4; k++) pthread_join(c[k], NULL);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: offcpu blocked N | runnable N | condwait N | pingpong SECONDS | wait\n");
+    fprintf(stderr, "usage: offcpu blocked N | runnable N | condwait N | pingpong SECONDS | overlap N | lossy N | wait\n");
     return 2;
   }
   const char *mode = argv[1];
@@ -296,6 +363,10 @@ int main(int argc, char **argv) {
     run_pingpong(a);
   } else if (!strcmp(mode, "condwait")) {
     run_condwait(a);
+  } else if (!strcmp(mode, "overlap")) {
+    run_overlap(a);
+  } else if (!strcmp(mode, "lossy")) {
+    run_lossy(a);
   } else if (!strcmp(mode, "wait")) {
     for (;;) pause();
   } else {

@@ -168,7 +168,7 @@ fn off_cpu_of_the_call(run: &Run, h: &Value, duration_ns: u64, dwarf: bool) {
     let ktime = ns("ktime_ns");
     assert_eq!(ns("off_cpu_from_ns"), ktime - duration_ns, "{ctx}");
     assert_eq!(
-        ns("on_cpu_ns") + ns("runnable_ns") + ns("blocked_ns"),
+        ns("on_cpu_ns") + ns("runnable_ns") + ns("blocked_ns") + ns("unknown_ns"),
         duration_ns,
         "{ctx}"
     );
@@ -210,8 +210,12 @@ fn off_cpu_of_the_call(run: &Run, h: &Value, duration_ns: u64, dwarf: bool) {
     );
     // The graph and the index read the same switch records by the same
     // rule (the agent's offcpu module): the graph holds all of the blocked
-    // time.
-    assert!(graphed.abs_diff(ns("blocked_ns") / 1000) <= 1, "{ctx}");
+    // time but what has no stack, which is counted apart.
+    let unstacked = o["blocked_without_stack_us"].as_u64().unwrap();
+    assert!(
+        (graphed + unstacked).abs_diff(ns("blocked_ns") / 1000) <= 1,
+        "{ctx}"
+    );
 }
 
 /// Where the browser test leaves its screenshot (kept after the test).
@@ -270,12 +274,14 @@ fn the_page_works_in_a_real_browser() {
             assert!(has("background_work"), "{kind}: {names:?}");
         }
     }
-    // Each hit's bar of on-CPU, runnable and blocked time: its parts fill
-    // it, and the blocked part shows.
+    // Each hit's bar of on-CPU, runnable, blocked and (when there is some)
+    // unknown time: its parts fill it, and the blocked part shows.
     let bars = b.eval(
         "Array.from(document.querySelectorAll('.ocbar')).map(b => { \
            const w = s => b.querySelector(s).getBoundingClientRect().width; \
-           return {all: b.getBoundingClientRect().width, on: w('.oc-on'), rq: w('.oc-rq'), bl: w('.oc-bl')}; })",
+           const u = b.querySelector('.oc-un'); \
+           return {all: b.getBoundingClientRect().width, on: w('.oc-on'), rq: w('.oc-rq'), bl: w('.oc-bl'), \
+                   un: u ? u.getBoundingClientRect().width : 0}; })",
     );
     let bars = bars.as_array().expect("an array of bars");
     assert_eq!(bars.len(), 4, "{bars:?}");
@@ -283,7 +289,10 @@ fn the_page_works_in_a_real_browser() {
         let w = |k: &str| b[k].as_f64().unwrap();
         assert!(w("all") > 100.0, "{b}");
         // Borders and rounding: within a few pixels.
-        assert!((w("on") + w("rq") + w("bl") - w("all")).abs() < 4.0, "{b}");
+        assert!(
+            (w("on") + w("rq") + w("bl") + w("un") - w("all")).abs() < 4.0,
+            "{b}"
+        );
         assert!(w("bl") > 0.0, "{b}");
     }
     // The page's search box searches every graph: slow_part turns the

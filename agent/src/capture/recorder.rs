@@ -354,6 +354,7 @@ impl Recorder {
                 dir: output_dir,
                 tgid,
                 off_cpu: spec.off_cpu,
+                ring_bytes: spec.recording.ring_bytes(),
                 index,
                 output,
                 printer: printer.clone(),
@@ -787,6 +788,8 @@ struct Indexing {
     tgid: i32,
     /// The off-CPU breakdown's window before a hit without a duration.
     off_cpu: Option<Duration>,
+    /// The flight recorder's ring per CPU, bytes (`None`: continuous).
+    ring_bytes: Option<u64>,
     index: Index,
     output: OutputDir,
     printer: Arc<Printer>,
@@ -835,7 +838,7 @@ impl Indexing {
         }
         let path = self.dir.join(&snap.file);
         snap.bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        read_facts(&path, &mut snap, self.off_cpu);
+        read_facts(&path, &mut snap, self.off_cpu, self.ring_bytes);
         mark_calls_before(&mut snap);
         if let Err(e) = self.index.snapshot(&snap, counters, merged, disarm) {
             self.failed(e);
@@ -976,9 +979,15 @@ impl Indexer {
 }
 
 /// Reads a completed snapshot file: its sample span, and with the off-CPU
-/// breakdown (`off_cpu`, the window before a hit without a duration) each
+/// breakdown (`off_cpu`, the window before a hit without a duration) what
+/// the file does not show (`ring_bytes`: a flight recorder's ring) and each
 /// hit's breakdown. Left unset, logged, when the file cannot be read.
-fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Duration>) {
+fn read_facts(
+    path: &std::path::Path,
+    snap: &mut Snapshot,
+    off_cpu: Option<Duration>,
+    ring_bytes: Option<u64>,
+) {
     let tids: Vec<u32> = match off_cpu {
         Some(_) => snap.hits.iter().map(|h| h.tid).collect(),
         None => Vec::new(),
@@ -994,6 +1003,11 @@ fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Durat
     let Some(window) = off_cpu else {
         return;
     };
+    let gaps = facts.coverage.gaps(ring_bytes);
+    snap.lost_records = facts.coverage.lost_records;
+    // No timed record: the file shows nothing (gaps() says the same).
+    snap.records_from_ns = Some(facts.coverage.start_ns(ring_bytes).unwrap_or(u64::MAX));
+    snap.lost_ns = gaps[1..].to_vec();
     for h in &mut snap.hits {
         let back = h.duration_ns.unwrap_or(window.as_nanos() as u64);
         let from = h.ktime_ns.saturating_sub(back);
@@ -1003,7 +1017,7 @@ fn read_facts(path: &std::path::Path, snap: &mut Snapshot, off_cpu: Option<Durat
             .map_or(&[][..], Vec::as_slice);
         h.off_cpu = Some(OffCpu {
             off_cpu_from_ns: from,
-            breakdown: offcpu::breakdown(switches, from, h.ktime_ns),
+            breakdown: offcpu::breakdown(switches, &gaps, from, h.ktime_ns),
             reaches_start: switches.iter().any(|s| s.time_ns <= from),
         });
     }

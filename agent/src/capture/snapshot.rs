@@ -181,6 +181,9 @@ impl SnapshotMachine {
                     kill_to_dump_ns: p.signalled_at.map(|s| now.saturating_sub(s)),
                     unlisted_hits: p.hits.unlisted,
                     span: None,
+                    records_from_ns: None,
+                    lost_records: 0,
+                    lost_ns: Vec::new(),
                 }));
                 if self.phase == Phase::Running
                     && self
@@ -225,6 +228,9 @@ impl SnapshotMachine {
                     kill_to_dump_ns: None,
                     unlisted_hits: hits.unlisted,
                     span: None,
+                    records_from_ns: None,
+                    lost_records: 0,
+                    lost_ns: Vec::new(),
                 }));
             }
         }

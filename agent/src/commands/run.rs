@@ -462,6 +462,7 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         flight_ring_bytes: shown.recording.ring_bytes(),
         unwinding: shown.unwinding.clone(),
         off_cpu,
+        go: res.is_go,
     }
 }
 

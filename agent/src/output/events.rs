@@ -69,6 +69,10 @@ pub struct Armed {
     /// perf also records the target threads' context switches, with a stack
     /// at each switch-out: the off-CPU breakdown.
     pub off_cpu: bool,
+    /// The trigger's object is a Go binary: the off-CPU breakdown describes
+    /// OS threads, not goroutines.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub go: bool,
 }
 
 impl Armed {
@@ -78,7 +82,12 @@ impl Armed {
             Some(b) => format!("in a flight recorder of {} KiB per CPU", b / 1024),
             None => "continuously".into(),
         };
-        if self.off_cpu {
+        if self.off_cpu && self.go {
+            format!(
+                "{how}, with its context switches for the off-CPU breakdown (of OS threads: \
+                 a Go target's goroutines move between them, docs/off-cpu.md)"
+            )
+        } else if self.off_cpu {
             format!("{how}, with its context switches for the off-CPU breakdown")
         } else {
             how
@@ -591,11 +600,20 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 /// ` (on CPU 20.1 ms, runnable 0 ns, blocked 100.2 ms)`: a hit's off-CPU
-/// breakdown for the text output.
+/// breakdown for the text output, with `, unknown 155.0 ms (not in the
+/// snapshot file)` when part of the window is not shown by the file.
 fn breakdown_text(o: OffCpu) -> String {
     let b = o.breakdown;
+    let unknown = if b.unknown_ns > 0 {
+        format!(
+            ", unknown {} (not in the snapshot file)",
+            human_ns(b.unknown_ns)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        " (on CPU {}, runnable {}, blocked {})",
+        " (on CPU {}, runnable {}, blocked {}{unknown})",
         human_ns(b.on_cpu_ns),
         human_ns(b.runnable_ns),
         human_ns(b.blocked_ns)
@@ -617,6 +635,9 @@ mod tests {
             kill_to_dump_ns: None,
             unlisted_hits: 0,
             span: None,
+            records_from_ns: None,
+            lost_records: 0,
+            lost_ns: Vec::new(),
         };
         let event = SnapshotEvent {
             pid: 42,
@@ -627,6 +648,69 @@ mod tests {
             serde_json::to_string(&event).unwrap(),
             r#"{"pid":42,"n":3,"kind":"tail","file":"perf.data.1","bytes":812,"hits":[]}"#
         );
+    }
+
+    #[test]
+    fn the_text_breakdown_says_what_the_file_does_not_show() {
+        use crate::perf::offcpu::Breakdown;
+        let mut o = OffCpu {
+            off_cpu_from_ns: 0,
+            breakdown: Breakdown {
+                on_cpu_ns: 140_000_000,
+                runnable_ns: 5_000_000,
+                blocked_ns: 0,
+                unknown_ns: 0,
+            },
+            reaches_start: false,
+        };
+        assert_eq!(
+            breakdown_text(o),
+            " (on CPU 140.0 ms, runnable 5.0 ms, blocked 0 ns)"
+        );
+        o.breakdown.unknown_ns = 155_000_000;
+        assert_eq!(
+            breakdown_text(o),
+            " (on CPU 140.0 ms, runnable 5.0 ms, blocked 0 ns, unknown 155.0 ms (not in the \
+             snapshot file))"
+        );
+    }
+
+    #[test]
+    fn the_armed_line_says_a_go_targets_breakdown_is_of_threads() {
+        let mut a = Armed {
+            pid: Some(1),
+            perf_pid: Some(2),
+            exe: None,
+            trigger: 0,
+            event: "cpu-clock".into(),
+            freq: 999,
+            symbol: "main.handler".into(),
+            object: "/srv/app".into(),
+            attach_offset: 0,
+            uprobes: 2,
+            cost: None,
+            output: "/out".into(),
+            time_to_armed_ms: 0.0,
+            perf_ready_ms: 0.0,
+            perf_kallsyms: "copy",
+            recording: "continuous",
+            flight_ring_bytes: None,
+            unwinding: crate::perf::unwind::Unwinding {
+                mode: "fp".into(),
+                reason: "test".into(),
+            },
+            off_cpu: true,
+            go: false,
+        };
+        assert!(!a.recording_words().contains("goroutine"));
+        a.go = true;
+        assert!(
+            a.recording_words()
+                .contains("of OS threads: a Go target's goroutines")
+        );
+        assert!(serde_json::to_string(&a).unwrap().contains(r#""go":true"#));
+        a.off_cpu = false;
+        assert!(!a.recording_words().contains("goroutine"));
     }
 
     #[test]

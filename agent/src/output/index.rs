@@ -123,6 +123,32 @@ pub struct Snapshot {
     /// (absent when it cannot be read).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub span: Option<SampleSpan>,
+    /// With the off-CPU breakdown: the time from which the file shows the
+    /// target (its oldest record, or later where a flight-recorder ring
+    /// overwrote; CLOCK_MONOTONIC ns). Before it, a hit's breakdown is
+    /// unknown (docs/off-cpu.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub records_from_ns: Option<u64>,
+    /// With the off-CPU breakdown: records perf lost in this file
+    /// (`PERF_RECORD_LOST`, `PERF_RECORD_LOST_SAMPLES`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_records: u64,
+    /// The stretches where perf lost records, `[from_ns, to_ns]`
+    /// CLOCK_MONOTONIC: unknown in a hit's breakdown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_ns: Vec<crate::perf::offcpu::Gap>,
+}
+
+impl Snapshot {
+    /// The stretches the file does not show, for
+    /// [`crate::perf::offcpu::breakdown`]: before
+    /// [`Self::records_from_ns`] and where perf lost records. An index line
+    /// from before these fields existed has none.
+    pub fn gaps(&self) -> Vec<crate::perf::offcpu::Gap> {
+        let mut v: Vec<_> = self.records_from_ns.map(|t| [0, t]).into_iter().collect();
+        v.extend(self.lost_ns.iter().copied());
+        v
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -474,6 +500,9 @@ mod tests {
             kill_to_dump_ns: None,
             unlisted_hits: 0,
             span: None,
+            records_from_ns: None,
+            lost_records: 0,
+            lost_ns: Vec::new(),
         };
         idx.snapshot(
             &snap,
@@ -538,8 +567,9 @@ mod tests {
                 off_cpu_from_ns: 4_100,
                 breakdown: Breakdown {
                     on_cpu_ns: 500,
-                    runnable_ns: 100,
+                    runnable_ns: 60,
                     blocked_ns: 300,
+                    unknown_ns: 40,
                 },
                 reaches_start: false,
             }),
@@ -564,6 +594,9 @@ mod tests {
                     first_sample_ns: 1_000,
                     last_sample_ns: 6_000,
                 }),
+                records_from_ns: Some(4_140),
+                lost_records: 3,
+                lost_ns: vec![[4_500, 4_600]],
             }),
             counters: Default::default(),
             merged: 1,
@@ -574,6 +607,13 @@ mod tests {
         }));
         let text = serde_json::to_string(&line).unwrap();
         assert_eq!(IndexLine::parse(&text), Some(line));
+        for field in [
+            r#""unknown_ns":40"#,
+            r#""lost_ns":[[4500,4600]]"#,
+            r#""records_from_ns":4140"#,
+        ] {
+            assert!(text.contains(field), "{field} not in {text}");
+        }
         // A line without the optional parts still reads.
         let bare = r#"{"kind":"hit","file":"f","hits":[{"seq":1,"tgid":2,"tid":3,"ktime_ns":4}]}"#;
         let Some(IndexLine::Snapshot(s)) = IndexLine::parse(bare) else {
@@ -581,6 +621,15 @@ mod tests {
         };
         assert_eq!(s.snapshot.hits[0].off_cpu, None);
         assert_eq!(s.snapshot.span, None);
+        assert!(s.snapshot.gaps().is_empty());
+        // A breakdown written before `unknown_ns` existed reads as all known.
+        let old = r#"{"kind":"hit","file":"f","hits":[{"seq":1,"tgid":2,"tid":3,"ktime_ns":9,
+            "off_cpu_from_ns":4,"on_cpu_ns":2,"runnable_ns":1,"blocked_ns":2}]}"#;
+        let Some(IndexLine::Snapshot(s)) = IndexLine::parse(old) else {
+            panic!("not a snapshot line")
+        };
+        let o = s.snapshot.hits[0].off_cpu.unwrap();
+        assert_eq!((o.breakdown.blocked_ns, o.breakdown.unknown_ns), (2, 0));
         assert_eq!(IndexLine::parse(r#"{"kind":"tail","fi"#), None);
     }
 }

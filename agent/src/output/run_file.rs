@@ -34,6 +34,9 @@ pub struct Trigger {
     pub exe: Option<PathBuf>,
     pub event: String,
     pub freq: u32,
+    /// The object is a Go binary (absent, false, in older files).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub go: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,6 +66,7 @@ pub fn write(out: &Path, armed: &[Armed]) -> Result<(), String> {
             exe: a.exe.clone(),
             event: a.event.clone(),
             freq: a.freq,
+            go: a.go,
         })
         .collect();
     let text = serde_json::to_vec(&RunFile { triggers }).map_err(|e| e.to_string())?;
@@ -117,6 +121,7 @@ mod tests {
                 reason: "test".into(),
             },
             off_cpu: false,
+            go: false,
         }
     }
 
@@ -124,7 +129,8 @@ mod tests {
     fn triggers_are_found_from_their_index_directories() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path();
-        let a = [armed(out.join("api"), "f"), armed(out.join("db"), "g")];
+        let mut a = [armed(out.join("api"), "f"), armed(out.join("db"), "g")];
+        a[0].go = true;
         // No snapshot: no file.
         write(out, &a).unwrap();
         assert!(!out.join(RUN_FILE).exists());
@@ -136,7 +142,8 @@ mod tests {
         .unwrap();
         write(out, &a).unwrap();
         let runs = crate::output::runs::discover(out).unwrap();
-        assert_eq!(trigger_of(out, &runs[0]).unwrap().symbol, "f");
+        let t = trigger_of(out, &runs[0]).unwrap();
+        assert_eq!((t.symbol.as_str(), t.go), ("f", true));
         // From a copy, given the trigger's directory as OUT: no run.json
         // at or above it.
         let sub = out.join("api");

@@ -189,6 +189,10 @@ impl PerfSpec {
             "-e",
             &switch,
             "--switch-events",
+            // Each record's CPU: a loss record says which ring lost records,
+            // so the stretch it hides starts at that ring's previous record
+            // (perf/data.rs).
+            "--sample-cpu",
         ]
         .map(OsString::from)
         .to_vec();
@@ -741,7 +745,9 @@ mod tests {
     fn the_off_cpu_breakdown_adds_the_switch_events_and_moves_the_frequency_into_the_event() {
         let args = args_text(&spec(Recording::Continuous, Some(Duration::from_secs(1))));
         assert!(
-            args.contains(" -e cpu-clock/freq=999/ -e sched:sched_switch --switch-events "),
+            args.contains(
+                " -e cpu-clock/freq=999/ -e sched:sched_switch --switch-events --sample-cpu "
+            ),
             "{args}"
         );
         assert!(!args.contains(" -F "), "{args}");
@@ -758,7 +764,7 @@ mod tests {
         assert!(
             args.contains(
                 " -e cpu-clock/freq=999/ -e sched:sched_switch/call-graph=dwarf,stack-size=1024/ \
-                 --switch-events -d --call-graph fp "
+                 --switch-events --sample-cpu -d --call-graph fp "
             ),
             "{args}"
         );
@@ -769,7 +775,9 @@ mod tests {
         };
         let args = args_text(&dwarf);
         assert!(
-            args.contains(" -e sched:sched_switch --switch-events --call-graph dwarf,8192 "),
+            args.contains(
+                " -e sched:sched_switch --switch-events --sample-cpu --call-graph dwarf,8192 "
+            ),
             "{args}"
         );
         // Without the breakdown, nothing is added.

@@ -206,7 +206,7 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
         esc(&display_file(f)),
         x.tid
     );
-    offcpu_page::bar(h, hit);
+    offcpu_page::bar(h, hit, is_go(p, f));
     if f.status != Status::Read {
         let _ = write!(
             h,
@@ -280,6 +280,16 @@ fn diff_graph(h: &mut String, hit: &HitReport) {
     opt.subtitle =
         Some("red: more of the moment's time than in the rest of the thread; blue: less".into());
     embed(h, title, &lines, &mut opt, "diff");
+}
+
+/// Whether the file's trigger is in a Go binary, from `run.json` (false
+/// when the run left none).
+fn is_go(p: &Page, f: &FileReport) -> bool {
+    p.runs
+        .iter()
+        .find(|r| r.rel == f.dir)
+        .and_then(|r| crate::output::run_file::trigger_of(&p.out, r))
+        .is_some_and(|t| t.go)
 }
 
 fn anchor(f: &FileReport, hit: &HitReport) -> String {

@@ -344,6 +344,7 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "on_cpu_ns": x.off_cpu.map(|o| o.breakdown.on_cpu_ns),
         "runnable_ns": x.off_cpu.map(|o| o.breakdown.runnable_ns),
         "blocked_ns": x.off_cpu.map(|o| o.breakdown.blocked_ns),
+        "unknown_ns": x.off_cpu.map(|o| o.breakdown.unknown_ns),
         "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
     })
 }

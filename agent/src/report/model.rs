@@ -199,7 +199,7 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         span: moments::span(h, window_ns),
         moment: Vec::new(),
         rest: Vec::new(),
-        off_cpu: offcpu::from_index(h, &moment_file),
+        off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
     }
 }

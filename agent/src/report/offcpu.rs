@@ -7,7 +7,8 @@
 //! the call chain of the thread's latest `sched:sched_switch` sample at or
 //! before its start: the tracepoint fires in the thread's context just
 //! before the switch-out, so its chain (kernel frames, then user frames) is
-//! where the thread went to sleep. See docs/report.md.
+//! where the thread went to sleep; a blocked interval whose sample is not in
+//! the file is counted apart, never drawn as a stack. See docs/report.md.
 
 use std::{collections::HashMap, path::PathBuf};
 
@@ -18,11 +19,7 @@ use super::{
     samples::{ContextSwitchLine, Samples, SchedSwitchSample},
 };
 use crate::output::index::IndexedHit;
-use crate::perf::offcpu::{ContextSwitch, ContextSwitchKind, OffInterval, off_intervals};
-
-/// The frame of a blocked interval whose stack is not in the snapshot (no
-/// `sched:sched_switch` sample between the thread's switch-in and it).
-pub const NO_STACK: &str = "[no sched_switch sample]";
+use crate::perf::offcpu::{ContextSwitch, ContextSwitchKind, Gap, OffInterval, off_intervals};
 
 /// How many of the heaviest blocked stacks are listed.
 pub const TOP: usize = 5;
@@ -37,13 +34,22 @@ pub struct OffCpuView {
     pub on_cpu_ns: u64,
     pub runnable_ns: u64,
     pub blocked_ns: u64,
+    /// Not shown by the snapshot file (before its oldest record, or where
+    /// perf lost records).
+    pub unknown_ns: u64,
+    /// The stretches the snapshot file does not show, from its index line.
+    pub gaps: Vec<Gap>,
+    /// Blocked time whose `sched:sched_switch` sample is not in the file
+    /// (lost, or taken before the thread's last switch in), ns: in no stack.
+    pub unstacked_ns: u64,
     /// Blocked time by stack, root first, weights in µs.
     pub folded: Folded,
     /// The heaviest blocked stacks, the heaviest first.
     pub top: Vec<BlockedStack>,
     /// Blocked intervals found in the snapshot's switch records.
     pub intervals: usize,
-    /// Their total, ns (what the flame graph shows, before rounding to µs).
+    /// The total of those with a stack, ns (what the flame graph shows,
+    /// before rounding to µs).
     pub graphed_ns: u64,
     /// Name of the folded file, relative to OUT/report.
     pub file: PathBuf,
@@ -64,7 +70,12 @@ pub struct BlockedStack {
 /// The breakdown the index gives for a hit, with no stacks yet; `None`
 /// when the run did not record one. `moment_file` is the hit's moment
 /// folded file (`X.moment.folded`); the off-CPU one is `X.offcpu.folded`.
-pub fn from_index(hit: &IndexedHit, moment_file: &std::path::Path) -> Option<OffCpuView> {
+/// `gaps`: what the snapshot file does not show, from its index line.
+pub fn from_index(
+    hit: &IndexedHit,
+    moment_file: &std::path::Path,
+    gaps: Vec<Gap>,
+) -> Option<OffCpuView> {
     let name = moment_file.file_name()?.to_str()?;
     let stem = name.strip_suffix(".moment.folded").unwrap_or(name);
     let o = hit.off_cpu?;
@@ -74,6 +85,9 @@ pub fn from_index(hit: &IndexedHit, moment_file: &std::path::Path) -> Option<Off
         on_cpu_ns: o.breakdown.on_cpu_ns,
         runnable_ns: o.breakdown.runnable_ns,
         blocked_ns: o.breakdown.blocked_ns,
+        unknown_ns: o.breakdown.unknown_ns,
+        gaps,
+        unstacked_ns: 0,
         folded: Vec::new(),
         top: Vec::new(),
         intervals: 0,
@@ -91,17 +105,20 @@ pub fn add_stacks(o: &mut OffCpuView, s: &Samples, tid: u32) {
         .filter(|x| x.sample.tid == tid)
         .collect();
     taken.sort_by_key(|x| x.sample.time_ns);
-    let blocked: Vec<OffInterval> = off_intervals(&switches, o.from_ns, o.to_ns)
+    let blocked: Vec<OffInterval> = off_intervals(&switches, &o.gaps, o.from_ns, o.to_ns)
         .into_iter()
         .filter(|i| i.blocked)
         .collect();
     let mut by_stack: HashMap<(&[u32], &str), u64> = HashMap::new();
+    o.unstacked_ns = 0;
     for iv in &blocked {
-        let key = match stack_at(&taken, &switches, iv.from_ns) {
-            Some(x) => (s.stack(&x.sample), x.prev_state.as_str()),
-            None => (&[][..], "?"),
-        };
-        *by_stack.entry(key).or_default() += iv.to_ns - iv.from_ns;
+        match stack_at(&taken, &switches, iv.from_ns) {
+            Some(x) => {
+                let key = (s.stack(&x.sample), x.prev_state.as_str());
+                *by_stack.entry(key).or_default() += iv.to_ns - iv.from_ns;
+            }
+            None => o.unstacked_ns += iv.to_ns - iv.from_ns,
+        }
     }
     o.intervals = blocked.len();
     o.graphed_ns = by_stack.values().sum();
@@ -165,9 +182,6 @@ fn fold_us(s: &Samples, by_stack: &HashMap<(&[u32], &str), u64>) -> Folded {
 }
 
 fn root_first(s: &Samples, stack: &[u32]) -> String {
-    if stack.is_empty() {
-        return NO_STACK.into();
-    }
     let names: Vec<&str> = stack.iter().rev().map(|&f| s.name(f)).collect();
     names.join(";")
 }
@@ -177,11 +191,7 @@ fn heaviest(s: &Samples, by_stack: &HashMap<(&[u32], &str), u64>, n: usize) -> V
     let mut v: Vec<BlockedStack> = by_stack
         .iter()
         .map(|((stack, state), &ns)| BlockedStack {
-            frames: if stack.is_empty() {
-                vec![NO_STACK.into()]
-            } else {
-                stack.iter().map(|&f| s.name(f).to_string()).collect()
-            },
+            frames: stack.iter().map(|&f| s.name(f).to_string()).collect(),
             time_us: (ns + 500) / 1000,
             state: state.to_string(),
         })
@@ -252,6 +262,7 @@ pub fn json(o: &OffCpuView, read: bool) -> serde_json::Value {
         "folded": read.then(|| std::path::Path::new(super::FOLDED_DIR).join(&o.file)),
         "blocked_intervals": o.intervals,
         "graphed_us": (o.graphed_ns + 500) / 1000,
+        "blocked_without_stack_us": (o.unstacked_ns + 500) / 1000,
         "blocked_stacks": o.top,
     })
 }
@@ -275,12 +286,18 @@ mod tests {
                     on_cpu_ns: 1,
                     runnable_ns: 2,
                     blocked_ns: 3,
+                    unknown_ns: 4,
                 },
                 reaches_start: false,
             }),
             ..IndexedHit::default()
         };
-        from_index(&h, std::path::Path::new("d/perf.data.1.7.moment.folded")).unwrap()
+        from_index(
+            &h,
+            std::path::Path::new("d/perf.data.1.7.moment.folded"),
+            Vec::new(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -292,7 +309,7 @@ mod tests {
             std::path::Path::new("d/perf.data.1.7.offcpu.folded")
         );
         let no = IndexedHit::default();
-        assert!(from_index(&no, std::path::Path::new("x.moment.folded")).is_none());
+        assert!(from_index(&no, std::path::Path::new("x.moment.folded"), Vec::new()).is_none());
     }
 
     #[test]
@@ -300,23 +317,20 @@ mod tests {
         let s = parse(RUN.as_bytes()).unwrap();
         let mut o = hit(30141, 13_735_891_000_000, 13_735_896_100_000);
         add_stacks(&mut o, &s, 30141);
-        // Blocked before its first switch-in (no sample: no stack), then
-        // from its blocking switch-out to the window's end; the preempted
-        // interval between is runnable and left out.
-        assert_eq!(o.intervals, 2);
-        assert_eq!(o.graphed_ns, 423_503 + 52_920);
+        // Off CPU before its first switch-in, for a reason the file does
+        // not give (unknown, not blocked), then blocked from its blocking
+        // switch-out to the window's end; the preempted interval between is
+        // runnable and left out.
+        assert_eq!(o.intervals, 1);
+        assert_eq!((o.graphed_ns, o.unstacked_ns), (52_920, 0));
         let peer = "clone3;start_thread;peer;wait_part;__GI___libc_read;__GI___libc_read;\
                     entry_SYSCALL_64_after_hwframe;do_syscall_64;ksys_read;vfs_read;\
                     anon_pipe_read;schedule;__schedule";
+        assert_eq!(o.folded, [(peer.to_string(), 53)]);
+        assert_eq!((o.top[0].time_us, o.top[0].state.as_str()), (53, "S"));
+        assert_eq!(o.top[0].frames[0], "__schedule");
         assert_eq!(
-            o.folded,
-            [(NO_STACK.to_string(), 424), (peer.to_string(), 53)]
-        );
-        assert_eq!(o.top[0].frames, [NO_STACK]);
-        assert_eq!((o.top[1].time_us, o.top[1].state.as_str()), (53, "S"));
-        assert_eq!(o.top[1].frames[0], "__schedule");
-        assert_eq!(
-            interesting(&o.top[1].frames, 4),
+            interesting(&o.top[0].frames, 4),
             ["anon_pipe_read", "__GI___libc_read", "wait_part", "peer"]
         );
         let mut main = hit(30139, 13_735_890_000_000, 13_735_896_300_000);
@@ -380,10 +394,14 @@ mod tests {
             ]
         );
         // f0's sample came before the thread's switch-in: its interval has
-        // no stack rather than an older one.
-        assert!(o.folded.contains(&(NO_STACK.to_string(), 1000)));
+        // no stack rather than an older one, and is counted apart, never
+        // drawn as a stack.
+        assert_eq!(o.unstacked_ns, 1_000_000);
         assert!(!o.folded.iter().any(|(l, _)| l.ends_with("f0")));
-        assert_eq!(o.folded.iter().map(|(_, n)| n).sum::<u64>(), 28_000);
+        assert!(!o.folded.iter().any(|(l, _)| l.contains("sched_switch")));
+        assert_eq!(o.folded.iter().map(|(_, n)| n).sum::<u64>(), 27_000);
+        assert!(o.top.iter().all(|b| !b.frames.is_empty()));
+        assert_eq!(json(&o, true)["blocked_without_stack_us"], 1000);
     }
 
     #[test]
