@@ -951,3 +951,27 @@ pub fn go_target() -> PathBuf {
     })
     .clone()
 }
+
+/// Runs `mt-agent report OUT`, fails on a non-zero exit with its stderr, and
+/// returns the page (`OUT/report.html`).
+pub fn report_page(out: &Path) -> String {
+    let o = Command::new(agent_bin())
+        .arg("report")
+        .arg(out)
+        .output()
+        .expect("mt-agent report");
+    assert!(
+        o.status.success(),
+        "mt-agent report: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    fs::read_to_string(out.join("report.html")).expect("report page")
+}
+
+/// The `armed` event of a `--json` run's stdout.
+pub fn armed_event(stdout: &[String]) -> Option<Value> {
+    stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "armed")
+}

@@ -89,6 +89,12 @@ fn bench_quick_runs_every_part() {
     assert!(rep["bytes"].as_u64().unwrap() >= 10 << 20, "{rep}");
     assert!(rep["ratio"].as_f64().is_some_and(f64::is_finite), "{rep}");
     for l in r["latency"].as_array().unwrap() {
+        // perf's own trigger (the anchor) can miss switches: its row then
+        // says so instead of pairing stamps with the wrong renames. Every
+        // mt-agent row must have figures.
+        if l["setup"] == "perf-event" && l["no_figure"].is_string() {
+            continue;
+        }
         assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
     }
     let storm = r["storm"].as_array().unwrap();

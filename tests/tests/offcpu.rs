@@ -450,16 +450,7 @@ fn kernel_symbols() -> std::collections::HashSet<String> {
 /// file (`OUT/report/<file>.offcpu.folded`, weights in µs), its path and
 /// its heaviest stack with that stack's weight. Expects one file per hit.
 fn heaviest_blocked_stacks(run: &Run) -> Vec<(PathBuf, Vec<String>, u64)> {
-    let out = Command::new(agent_bin())
-        .arg("report")
-        .arg(&run.out)
-        .output()
-        .expect("mt-agent report");
-    assert!(
-        out.status.success(),
-        "mt-agent report: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    report_page(&run.out);
     let dir = run.out.join("report");
     let folded: Vec<_> = fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -674,17 +665,7 @@ fn a_call_that_began_before_its_snapshot_file_is_unknown_there_never_blocked() {
         assert_eq!(p["unknown_ns"], h["unknown_ns"], "printed {p}, indexed {h}");
     }
     // The report draws the unknown part and never a made-up stack.
-    let out = Command::new(agent_bin())
-        .arg("report")
-        .arg(&run.out)
-        .output()
-        .expect("mt-agent report");
-    assert!(
-        out.status.success(),
-        "mt-agent report: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page = fs::read_to_string(run.out.join("report.html")).expect("report page");
+    let page = report_page(&run.out);
     assert!(
         page.contains("class=\"oc-un\""),
         "no unknown part in the bar"

@@ -232,12 +232,7 @@ fn kernel_records_reading(kallsyms: &str) -> Vec<String> {
     t.wait(Duration::from_secs(30));
     let run = agent.finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
-    let armed: serde_json::Value = run
-        .stdout
-        .iter()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .find(|v: &serde_json::Value| v["event"] == "armed")
-        .expect("an armed event");
+    let armed = armed_event(&run.stdout).expect("an armed event");
     assert_eq!(armed["perf_kallsyms"], kallsyms, "{}", run.output());
     let hit = run.entries("hit")[0]["file"].as_str().unwrap().to_string();
     kernel_records(&run.out.join(hit))

@@ -461,17 +461,7 @@ fn go_keeps_frame_pointers_and_its_stacks_reach_the_goroutine_start() {
     // The deploy: the binary gone. perf would name its frames from the file
     // at the path; the report says that the build that ran is elsewhere.
     fs::remove_file(&bin).unwrap();
-    let out = Command::new(agent_bin())
-        .arg("report")
-        .arg(&run.out)
-        .output()
-        .expect("mt-agent report");
-    assert!(
-        out.status.success(),
-        "mt-agent report: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page = fs::read_to_string(run.out.join("report.html")).unwrap();
+    let page = report_page(&run.out);
     assert!(
         page.contains(&format!("{} is now no Go binary", bin.display()))
             && page.contains(&kept[0].display().to_string()),

@@ -59,12 +59,7 @@ fn capture_once(hits: usize, recording: &str, copy: bool) -> Capture {
         }
     });
     a.wait_armed();
-    let armed_ms = a.proc.stdout().iter().find_map(|l| {
-        serde_json::from_str::<Value>(l)
-            .ok()
-            .filter(|v| v["event"] == "armed")
-            .and_then(|v| v["time_to_armed_ms"].as_f64())
-    });
+    let armed_ms = armed_event(&a.proc.stdout()).and_then(|v| v["time_to_armed_ms"].as_f64());
     t.go();
     let status = t.wait(Duration::from_secs(60));
     let run = a.finish(FINISH);
