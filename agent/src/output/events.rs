@@ -205,7 +205,7 @@ pub struct DisarmSummary {
     pub rearm_early_us_p50: Option<f64>,
     pub rearm_early_us_p99: Option<f64>,
     /// Re-arms after a warm-up that took the kernel's grace period ahead
-    /// of time ([`crate::disarm::rcu_warmup`]), over triggers.
+    /// of time (disarm/rcu_warmup.rs), over triggers.
     pub warmed_arms: u64,
     /// Time to detach one uprobe (arming thread), µs (p50, p99).
     pub detach_us_p50: Option<f64>,

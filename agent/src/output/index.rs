@@ -115,7 +115,7 @@ pub struct Snapshot {
     /// the snapshot (docs/perf-kallsyms.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill_to_dump_ns: Option<u64>,
-    /// Merged hits beyond [`crate::capture::snapshot::MAX_LISTED_HITS`]: counted, not listed.
+    /// Merged hits beyond the listed ones (`MAX_LISTED_HITS`, capture/snapshot.rs): counted, not listed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unlisted_hits: u64,
     /// Samples in the file and the times of the first and last, on the

@@ -729,7 +729,8 @@ fn listing_line(v: &View, s: &ElfSymbol) -> String {
     )
 }
 
-fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
+/// The functions' short names of every view, for suggestions.
+fn short_names(pid: i32, views: &[View]) -> Vec<String> {
     let mut shorts: Vec<String> = Vec::new();
     for v in views {
         if crate::symbols::budget::over(&v.mapped.open_path) {
@@ -746,6 +747,33 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     }
     shorts.sort();
     shorts.dedup();
+    shorts
+}
+
+/// `f@V2` when the object has `f@@V2` (or the reverse): the versions of
+/// that name, for the suggestion.
+fn versions_of(views: &[View], query: &str) -> Vec<String> {
+    let base = names::strip_version(query);
+    let mut versions: Vec<String> = Vec::new();
+    if base == query {
+        return versions;
+    }
+    for v in views {
+        for s in v
+            .dynsym()
+            .iter()
+            .filter(|s| s.kind == SymKind::Func || s.kind == SymKind::Ifunc)
+        {
+            if names::strip_version(&s.name) == base && !versions.contains(&s.name) {
+                versions.push(s.name.clone());
+            }
+        }
+    }
+    versions
+}
+
+fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
+    let shorts = short_names(pid, views);
     let similar = names::closest(query, shorts.iter().map(String::as_str), 5);
     let mut detail: Vec<String> = similar.iter().map(|s| format!("similar: {s}")).collect();
     for v in views.iter().filter(|v| !v.elf.has_symtab()) {
@@ -774,23 +802,7 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
         ))
         .with_detail(detail);
     }
-    // `f@V2` when the object has `f@@V2` (or the reverse): the versions of
-    // that name are the suggestion.
-    let base = names::strip_version(query);
-    let mut versions: Vec<String> = Vec::new();
-    if base != query {
-        for v in views {
-            for s in v
-                .dynsym()
-                .iter()
-                .filter(|s| s.kind == SymKind::Func || s.kind == SymKind::Ifunc)
-            {
-                if names::strip_version(&s.name) == base && !versions.contains(&s.name) {
-                    versions.push(s.name.clone());
-                }
-            }
-        }
-    }
+    let versions = versions_of(views, query);
     if !versions.is_empty() {
         return Failure::usage(format!(
             "no function {query} {scope}; its versions here are {} (`@@` is the default \
