@@ -271,6 +271,9 @@ pub struct Recorder {
     counters: Arc<OnceLock<Counters>>,
     /// Switch-outputs asked of perf (SIGUSR2s sent), for the busy-perf warning.
     switches: u64,
+    /// The newest completed file, which also has a hidden name
+    /// ([`Recorder::keep_newest`]).
+    kept: Option<String>,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
@@ -368,6 +371,7 @@ impl Recorder {
             printer,
             counters,
             switches: 0,
+            kept: None,
             target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
             exe_id: proc::exe_id(tgid),
             spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
@@ -611,6 +615,7 @@ impl Recorder {
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_else(|| path.display().to_string());
+                    let name = self.keep_newest(&name);
                     // Every Dump is a switch perf finished, even one that
                     // reused a name (see `index`): the state machine counts it.
                     let actions = self.machine.on_dump(name, now.ns);
@@ -649,6 +654,56 @@ impl Recorder {
         }
         feedback
     }
+    /// perf names files by centisecond and its last file, written when the
+    /// target exits, can come within 10 ms of the newest snapshot and take
+    /// its name (`rename()` replaces it). The newest completed file keeps a
+    /// second, hidden name (`.NAME.kept`, a hard link) until the next one,
+    /// so [`restore_newest`](Self::restore_newest) can put it back.
+    fn keep_newest(&mut self, name: &str) -> String {
+        let name = match self.kept.as_deref() == Some(name) {
+            // perf's last file came with a Dump line and took the name.
+            true => self.take_back_name().unwrap_or_else(|| name.to_string()),
+            false => name.to_string(),
+        };
+        if let Some(old) = self.kept.take() {
+            let _ = fs::remove_file(self.dir.join(kept_name(&old)));
+        }
+        if fs::hard_link(self.dir.join(&name), self.dir.join(kept_name(&name))).is_ok() {
+            self.kept = Some(name.clone());
+        }
+        name
+    }
+
+    /// perf has exited: its last file may have taken the newest snapshot's
+    /// name without a Dump line.
+    fn restore_newest(&mut self) {
+        self.take_back_name();
+    }
+
+    /// If perf's newest file took the name of the newest snapshot, that
+    /// file moves to the next centisecond's name (returned) and the snapshot
+    /// gets its name back; the hidden name goes either way.
+    fn take_back_name(&mut self) -> Option<String> {
+        let name = self.kept.take()?;
+        let (path, kept) = (self.dir.join(&name), self.dir.join(kept_name(&name)));
+        let ino =
+            |p: &std::path::Path| fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+        if let (Ok(now), Ok(was)) = (ino(&path), ino(&kept))
+            && now != was
+            && let Some(next) = next_free_name(&self.dir, &name)
+            && fs::rename(&path, self.dir.join(&next)).is_ok()
+        {
+            self.printer.verbose(&format!(
+                "perf's last file took the name of snapshot {name}: moved to {next}"
+            ));
+            if fs::rename(&kept, &path).is_ok() {
+                return Some(next);
+            }
+        }
+        let _ = fs::remove_file(&kept);
+        None
+    }
+
     /// Hands a completed snapshot to the index thread with the kernel's
     /// counters of this trigger, the merged hits and the disarming as they
     /// are at its `Dump` (read here, so the line is exact for that moment).
@@ -704,6 +759,8 @@ impl Recorder {
         let perf_cpu = self.perf.last_cpu_time();
         let lines = self.perf.flush_stderr();
         self.perf_lines(lines, now);
+        // perf's last file, found below, may have taken a snapshot's name.
+        self.restore_newest();
         // What the index thread was given is indexed before the leftovers,
         // which are indexed in place.
         self.indexer.finish();
@@ -976,6 +1033,20 @@ impl Indexer {
             _ => None,
         }
     }
+}
+
+/// The hidden second name of the newest completed file.
+fn kept_name(name: &str) -> String {
+    format!(".{name}.kept")
+}
+
+/// `perf.data.TS` with TS counted up by one centisecond until the name is
+/// free: a name that sorts after `name`, as a later perf file would.
+fn next_free_name(dir: &std::path::Path, name: &str) -> Option<String> {
+    let stamp: u64 = name.strip_prefix("perf.data.")?.parse().ok()?;
+    (1..100)
+        .map(|k| format!("perf.data.{}", stamp + k))
+        .find(|n| !dir.join(n).exists())
 }
 
 /// Reads a completed snapshot file: its sample span, and with the off-CPU

@@ -39,7 +39,7 @@ pub fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_
     let svg = &svg[svg.find("<svg").unwrap_or(0)..];
     let height = svg_height(svg).unwrap_or(400) + 8;
     let doc = format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>svg{{width:100%}}</style>\
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>svg{{width:100%;min-width:320px}}</style>\
          <script>{KEEP_URL}</script></head>\
          <body style=\"margin:0\">{svg}</body></html>"
     );
