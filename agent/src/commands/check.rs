@@ -439,8 +439,8 @@ fn missing_record_options(path: &Path) -> Vec<&'static str> {
 /// perf's time to answer a ping (ms), and what it reads as /proc/kallsyms.
 fn ping_perf(spec: &PerfSpec) -> Result<(u128, String), String> {
     caps::raise_ambient();
-    let copy = perf::kallsyms::wanted_by_env()
-        .then(perf::kallsyms::KallsymsCopy::create)
+    let copy = perf::kallsyms::KallsymsCopy::start()
+        .and_then(|t| t.join().ok())
         .and_then(Result::ok);
     let started = Instant::now();
     let mut p = crate::perf::record::PerfProcess::spawn(spec, copy.as_ref())
