@@ -448,7 +448,10 @@ fn ping_perf(spec: &PerfSpec) -> Result<(u128, String), String> {
     let kallsyms = match (&copy, p.kallsyms_copied()) {
         (Some(c), true) => format!("reading a {}-line copy of /proc/kallsyms", c.lines),
         (Some(_), false) => "reading /proc/kallsyms: the copy could not be bound".to_string(),
-        (None, _) => format!("reading /proc/kallsyms ({}=proc)", perf::kallsyms::ENV),
+        (None, _) => format!(
+            "reading /proc/kallsyms (no copy: {}=proc, or a chroot)",
+            perf::kallsyms::ENV
+        ),
     };
     let _ = p.ping();
     let deadline = started + Duration::from_secs(15);
