@@ -166,6 +166,10 @@ struct Worker {
     printer: Option<Arc<Printer>>,
     /// Opened, not yet copied: (path, file).
     held: Vec<(PathBuf, File)>,
+    /// Why a copy of so many bytes into this directory's file system must
+    /// not be made, if it must not: [`leaves_too_little`], replaced in unit
+    /// tests so they don't depend on the free space of the disk they run on.
+    room: fn(&Path, u64) -> Option<String>,
 }
 
 impl Worker {
@@ -178,6 +182,7 @@ impl Worker {
             stats: CacheStats::default(),
             printer: None,
             held: Vec::new(),
+            room: leaves_too_little,
         }
     }
 
@@ -251,7 +256,7 @@ impl Worker {
         }
         let size = file.metadata()?.len();
         let parent = self.root.parent().unwrap_or(Path::new("/"));
-        if let Some(why) = leaves_too_little(parent, size) {
+        if let Some(why) = (self.room)(parent, size) {
             self.stats.failed.push(format!("{}: {why}", path.display()));
             self.kept.insert(hex);
             return Ok(());
@@ -290,7 +295,7 @@ impl Worker {
         }
         let size = file.metadata()?.len();
         let parent = self.root.parent().unwrap_or(Path::new("/"));
-        if let Some(why) = leaves_too_little(parent, size) {
+        if let Some(why) = (self.room)(parent, size) {
             self.stats.failed.push(format!("{}: {why}", path.display()));
             return Ok(());
         }
@@ -417,6 +422,12 @@ fn leaves_too_little(dir: &Path, size: u64) -> Option<String> {
     let s = nix::sys::statvfs::statvfs(dir).ok()?;
     let free = s.blocks_available() * s.fragment_size();
     let total = s.blocks() * s.fragment_size();
+    too_little(free, total, size)
+}
+
+/// [`leaves_too_little`]'s rule on a file system with `free` of `total`
+/// bytes free: the reserve is [`RESERVE_BYTES`] or a tenth of `total`.
+fn too_little(free: u64, total: u64, size: u64) -> Option<String> {
     let reserve = RESERVE_BYTES.max(total / 10);
     (free < size.saturating_add(reserve)).then(|| {
         format!(
@@ -533,6 +544,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join(DIR);
         let mut w = Worker::new(root.clone());
+        // The test binary is large (debug info); the rule about free space
+        // has its own test below.
+        w.room = |_, _| None;
         w.keep(Path::new("/some/app"), File::open(&exe).unwrap())
             .unwrap();
         w.keep(Path::new("/other/path"), File::open(&exe).unwrap())
@@ -547,6 +561,28 @@ mod tests {
         fs::rename(&root, &moved).unwrap();
         let (_, link, _) = layout(&moved, Path::new("/some/app"), &hex(&id));
         assert!(link.join("elf").is_file());
+    }
+
+    #[test]
+    fn a_copy_that_would_fill_the_disk_is_counted_as_not_kept() {
+        const G: u64 = 1 << 30;
+        // A tenth of the file system, or 64 MiB, stays free.
+        assert_eq!(too_little(100 * G, 200 * G, 80 * G), None);
+        let why = too_little(100 * G, 200 * G, 81 * G).unwrap();
+        assert!(why.contains("less than 20480 MiB free"), "{why}");
+        assert!(too_little(100 << 20, 200 << 20, 40 << 20).is_some());
+        assert_eq!(too_little(100 << 20, 200 << 20, 36 << 20), None);
+
+        let exe = std::env::current_exe().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = Worker::new(tmp.path().join(DIR));
+        w.room = |_, size| Some(format!("not kept: {size} bytes"));
+        w.keep(Path::new("/some/app"), File::open(&exe).unwrap())
+            .unwrap();
+        assert_eq!(w.stats.objects, 0);
+        assert_eq!(w.stats.failed.len(), 1, "{:?}", w.stats.failed);
+        assert!(w.stats.failed[0].starts_with("/some/app: not kept: "));
+        assert!(!tmp.path().join(DIR).exists());
     }
 
     #[test]
