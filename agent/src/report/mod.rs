@@ -25,6 +25,7 @@ mod offcpu;
 mod offcpu_page;
 mod runinfo;
 mod samples;
+mod timeline;
 
 use std::{
     collections::HashMap,
