@@ -1,6 +1,6 @@
 //! The bench harness must not rot: `bench --quick` runs every part (overhead
 //! for each setup and first instruction, latency, storm, time to armed,
-//! waiting, stacks, report, switch, snapshot) and
+//! waiting, stacks, report, switch, snapshot, large) and
 //! writes its tables and JSON. No timing is asserted here; the figures live
 //! in `cargo xtask bench`. Privileged.
 
@@ -43,6 +43,7 @@ fn bench_quick_runs_every_part() {
         "Report: `mt-agent report` against the anchor pipeline",
         "Context switches: ns per context switch",
         "What a snapshot costs",
+        "Large run:",
     ] {
         assert!(stdout.contains(heading), "no {heading} table:\n{stdout}");
     }
@@ -150,6 +151,21 @@ fn bench_quick_runs_every_part() {
         assert!(
             row["ns_per_switch"].as_f64().is_some_and(f64::is_finite),
             "{row}"
+        );
+    }
+    // The large run was reported, its anchor ran on the same files, and
+    // Chromium opened the page (no figure is checked against its goal).
+    let large = &r["large"];
+    assert!(large["snapshots"].as_u64().unwrap() >= 1, "{large}");
+    assert!(
+        large["files"].as_u64() >= large["snapshots"].as_u64(),
+        "{large}"
+    );
+    assert!(large["page_bytes"].as_u64().unwrap() > 0, "{large}");
+    for k in ["ratio", "open_s"] {
+        assert!(
+            large[k].as_f64().is_some_and(f64::is_finite),
+            "{k}: {large}"
         );
     }
     // Nothing left behind.

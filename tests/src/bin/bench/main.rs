@@ -25,6 +25,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
 
 mod context_switches;
+mod large_run;
 mod report;
 mod snapshot_cost;
 
@@ -174,7 +175,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -226,6 +227,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let large = if part("large") {
+        large_run::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": chrono_date(),
@@ -242,12 +248,14 @@ fn main() {
         "report": report_part,
         "switch": switch,
         "snapshot": snapshot,
+        "large": large,
         "seconds": started.elapsed().as_secs_f64(),
     });
     print_tables(&report);
     report::print(&report["report"]);
     context_switches::print(&report["switch"]);
     snapshot_cost::print(&report["snapshot"]);
+    large_run::print(&report["large"]);
     if let Some(out) = out {
         if let Some(d) = out.parent() {
             let _ = fs::create_dir_all(d);

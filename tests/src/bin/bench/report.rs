@@ -115,54 +115,72 @@ pub fn run(quick: bool) -> Value {
     let min_bytes: u64 = if quick { 10 << 20 } else { 50 << 20 };
     let tmp = tempfile::tempdir().unwrap();
     let run = record(min_bytes);
-    let files: Vec<PathBuf> = run
-        .index
-        .iter()
-        .filter(|v| v["kind"] != "deleted")
-        .map(|v| run.out.join(v["file"].as_str().unwrap()))
-        .collect();
-    let bytes: u64 = files
-        .iter()
-        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
-        .sum();
+    let (files, bytes) = kept_files(&run);
     // Both sides once first, so that both meet warm caches.
-    let ours = || {
-        let t0 = Instant::now();
-        let o = Command::new(agent_bin())
-            .arg("report")
-            .arg(&run.out)
-            .output()
-            .expect("mt-agent report");
-        assert!(
-            o.status.success(),
-            "mt-agent report failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        t0.elapsed().as_secs_f64()
-    };
-    let bins = inferno_bin("inferno-collapse-perf").zip(inferno_bin("inferno-flamegraph"));
+    let ours = || report_seconds(&run.out);
     let svg = tmp.path().join("anchor.svg");
-    let anchor = || {
-        let t0 = Instant::now();
-        for f in &files {
-            match &bins {
-                Some((c, g)) => anchor_binaries(f, c, g, &svg),
-                None => anchor_library(f, &svg),
-            }
-        }
-        t0.elapsed().as_secs_f64()
-    };
     ours();
-    anchor();
-    let (ours_s, anchor_s) = (ours(), anchor());
+    anchor(&files, &svg);
+    let (ours_s, (anchor_s, inferno)) = (ours(), anchor(&files, &svg));
     json!({
         "files": files.len(),
         "bytes": bytes,
         "report_s": ours_s,
         "anchor_s": anchor_s,
         "ratio": ours_s / anchor_s,
-        "anchor": if bins.is_some() { "inferno binaries" } else { "inferno library, in process" },
+        "anchor": inferno,
     })
+}
+
+/// The snapshot files a run kept (not those `--keep` deleted), and their
+/// total size in bytes.
+pub fn kept_files(run: &Run) -> (Vec<PathBuf>, u64) {
+    let files: Vec<PathBuf> = run
+        .index
+        .iter()
+        .filter(|v| v["kind"] != "deleted")
+        .map(|v| run.out.join(v["file"].as_str().unwrap()))
+        .collect();
+    let bytes = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+        .sum();
+    (files, bytes)
+}
+
+/// Seconds `mt-agent report OUT` takes; panics with its stderr if it fails.
+pub fn report_seconds(out: &Path) -> f64 {
+    let t0 = Instant::now();
+    let o = Command::new(agent_bin())
+        .arg("report")
+        .arg(out)
+        .output()
+        .expect("mt-agent report");
+    assert!(
+        o.status.success(),
+        "mt-agent report failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    t0.elapsed().as_secs_f64()
+}
+
+/// The anchor pipeline on each of `files` in turn, each graph written to
+/// `svg`: returns its seconds and which inferno ran ("inferno binaries",
+/// or "inferno library, in process" when they are not installed).
+pub fn anchor(files: &[PathBuf], svg: &Path) -> (f64, &'static str) {
+    let bins = inferno_bin("inferno-collapse-perf").zip(inferno_bin("inferno-flamegraph"));
+    let t0 = Instant::now();
+    for f in files {
+        match &bins {
+            Some((c, g)) => anchor_binaries(f, c, g, svg),
+            None => anchor_library(f, svg),
+        }
+    }
+    let label = match bins {
+        Some(_) => "inferno binaries",
+        None => "inferno library, in process",
+    };
+    (t0.elapsed().as_secs_f64(), label)
 }
 
 /// Prints the part's table.
