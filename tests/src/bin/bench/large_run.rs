@@ -1,6 +1,6 @@
 //! The bench's `large` part: a large run's report (issue 26, "Speed").
 //! `target calls 1000 20` calls its trigger every 20 ms of CPU, 1,000 times
-//! (100 with `--quick`), traced with `--cooldown 0`, which keeps a snapshot
+//! (50 with `--quick`), traced with `--cooldown 0`, which keeps a snapshot
 //! for most calls (hits that come while one is on its way are merged into
 //! it). On that run: the seconds `mt-agent report OUT` takes and the size
 //! of `report.html`; on the same files, in the same run, the anchor
@@ -72,7 +72,7 @@ fn open_in_chromium(page: &Path) -> Result<(f64, Option<f64>, usize), String> {
 
 /// Runs the part; returns its figures.
 pub fn run(quick: bool) -> Value {
-    let calls = if quick { 100 } else { 1000 };
+    let calls = if quick { 50 } else { 1000 };
     let tmp = tempfile::tempdir().unwrap();
     let run = record(calls);
     let (files, bytes) = kept_files(&run);
