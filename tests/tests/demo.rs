@@ -1,5 +1,6 @@
 //! The demo's workload (tests/src/bin/demo_workload.rs), traced as `cargo
-//! xtask demo` traces it (`--symbol handle_request --slower-than 25ms`):
+//! xtask demo` traces it (`--symbol handle_request --slower-than 25ms`; the
+//! demo adds `--cooldown 1s`, left at its default here for more hits):
 //! each slow call's moment names its reason. A large payload's call spends
 //! its CPU in `parse_slow_path`; a small one's call is slow because it
 //! waited for the cache's lock, and its blocked stack names

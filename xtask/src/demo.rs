@@ -27,9 +27,11 @@ use crate::{
 /// The trigger, and the least duration of a call that makes a snapshot:
 /// the workload's fast requests take 4-8 ms of CPU, its slow ones 40 ms
 /// more, or a wait of up to 120 ms (tests/tests/demo.rs traces it the same
-/// way).
+/// way). The cooldown keeps a second of the thread's fast calls in each
+/// snapshot, for the moment to be compared with.
 const TRIGGER: &str = "handle_request";
 const SLOWER_THAN: &str = "25ms";
+const COOLDOWN: &str = "1s";
 
 /// Kills the workload when the demo ends, however it ends.
 struct Workload(std::process::Child);
@@ -87,7 +89,8 @@ fn capture(release: &Path) -> anyhow::Result<PathBuf> {
     let mut agent = privileged(release.join("mt-agent"), &[]);
     agent
         .args(["--pid", &pid, "--symbol", TRIGGER])
-        .args(["--slower-than", SLOWER_THAN, "--max-snapshots", "5"])
+        .args(["--slower-than", SLOWER_THAN, "--cooldown", COOLDOWN])
+        .args(["--max-snapshots", "5"])
         .arg("--output")
         .arg(&out);
     run(&mut agent)?;
