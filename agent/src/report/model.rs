@@ -13,6 +13,7 @@ use super::{
     moments::{self, Folded, Span},
     offcpu::{self, OffCpuView},
     samples::{self, Samples},
+    timeline::{self, Timeline},
 };
 use crate::output::{
     index::{IndexedHit, SnapshotLine},
@@ -72,6 +73,8 @@ pub struct HitReport {
     pub moment_file: PathBuf,
     /// The off-CPU breakdown, when the run recorded one (`--off-cpu`).
     pub off_cpu: Option<OffCpuView>,
+    /// The moment in time order; `None` when the file was not read.
+    pub timeline: Option<Timeline>,
 }
 
 /// One snapshot file.
@@ -201,6 +204,7 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         rest: Vec::new(),
         off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
+        timeline: None,
     }
 }
 
@@ -219,6 +223,7 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
         if let Some(o) = hr.off_cpu.as_mut() {
             offcpu::add_stacks(o, s, h.tid);
         }
+        hr.timeline = Some(timeline::compute(s, h, &rep.line.snapshot, &sp));
         rep.hits.push(hr);
     }
 }
