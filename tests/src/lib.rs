@@ -25,6 +25,7 @@ use serde_json::Value;
 
 pub use tempfile::TempDir;
 
+pub mod bench_md;
 pub mod cdp;
 
 /// Our eBPF program names as the kernel lists them.
