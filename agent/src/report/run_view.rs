@@ -331,6 +331,18 @@ fn chart(h: &mut String, v: &View) {
     h.push_str("</svg>");
 }
 
+/// A trigger's label with its object's file name only (the table's
+/// cell; the whole label is its title).
+fn short(trigger: &str) -> String {
+    match trigger.split_once(" in ") {
+        Some((f, obj)) => {
+            let name = Path::new(obj).file_name().map(|n| n.to_string_lossy());
+            format!("{f} in {}", name.as_deref().unwrap_or(obj))
+        }
+        None => trigger.to_string(),
+    }
+}
+
 fn tooltip(r: &Row, k: &GroupKey) -> String {
     let x = &r.h.hit;
     let d = x
@@ -362,7 +374,7 @@ fn table(h: &mut String, v: &View) {
             h,
             "<tr data-hit=\"{id}\"><td data-v=\"{}\"><a href=\"#{id}\">#{}</a>{}</td>\
              <td data-v=\"{:.6}\">{:.3}</td><td data-v=\"{d_v}\">{}</td>\
-             <td data-v=\"{}\">{}</td><td><span class=\"swatch\" style=\"background:{}\"></span>{}</td>\
+             <td data-v=\"{}\">{}</td><td title=\"{}\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td>\
              <td data-v=\"{}\">{}</td><td data-v=\"{}\">{}</td><td>{}</td></tr>",
             x.seq,
             x.seq,
@@ -380,8 +392,9 @@ fn table(h: &mut String, v: &View) {
             } else {
                 "-".into()
             },
-            colour(r.group),
             esc(&v.keys[r.group].trigger),
+            colour(r.group),
+            esc(&short(&v.keys[r.group].trigger)),
             x.tgid,
             x.tgid,
             x.tid,
@@ -528,6 +541,12 @@ mod tests {
         // The merge's differential: the slow function has gained the most.
         let d = moments::deltas(&f10.moment, &f10.rest, 3);
         assert_eq!(d[0].name, "slow");
+    }
+
+    #[test]
+    fn the_table_names_the_trigger_by_its_object_file() {
+        assert_eq!(short("handle in /srv/bin/api"), "handle in api");
+        assert_eq!(short("-"), "-");
     }
 
     #[test]
