@@ -111,7 +111,8 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
     );
     // The trigger: libc's clock_gettime, which buildReport reaches through
     // process.hrtime. `--object libc` spares the debug build's reading of
-    // the 100 MB node binary's symbols (issue 30 §2).
+    // the 100 MB node binary's symbols (issue 30 §2). A cooldown longer than
+    // the workload: one hit snapshot, and the tail perf writes at the exit.
     let pid_s = pid.to_string();
     let mut agent = Agent::start(&[
         "--pid",
@@ -122,12 +123,15 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
         "--symbol",
         "clock_gettime",
         "--cooldown",
-        "500ms",
+        "10s",
         "-v",
     ]);
+    let t0 = std::time::Instant::now();
     agent.wait_armed();
+    eprintln!("armed after {:?}", t0.elapsed());
     t.go();
     let run = agent.finish(Duration::from_secs(60));
+    eprintln!("run ended after {:?}", t0.elapsed());
     assert_eq!(run.code, Some(0), "{}", run.output());
     t.wait(Duration::from_secs(30));
     assert!(!alive(pid), "node still runs");
@@ -154,6 +158,7 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
     assert!(!plain.contains(JS_FUNCTION), "perf found a map of its own");
 
     let (named, js) = js_frames(&run.out, &report(&run.out));
+    eprintln!("reported after {:?}", t0.elapsed());
     eprintln!("after the exit: {named} samples under {JS_FUNCTION}, {js} with JS frames");
     assert!(named > 0, "no {JS_FUNCTION} in the report; {js} JS samples");
 
