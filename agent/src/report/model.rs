@@ -12,6 +12,7 @@ use std::{
 use super::{
     moments::{self, Folded, Span},
     offcpu::{self, OffCpuView},
+    profiles::{self, Profiles},
     samples::{self, Samples},
 };
 use crate::output::{
@@ -91,10 +92,19 @@ pub struct FileReport {
     pub hits: Vec<HitReport>,
     /// perf's command line, from the file's header.
     pub cmdline: Option<String>,
+    /// `--pprof`: the file's profiles, when it was read.
+    pub pprof: Option<Profiles>,
 }
 
-/// Reads every file of every index directory, `jobs` at a time.
-pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<FileReport> {
+/// Reads every file of every index directory, `jobs` at a time; with
+/// `pprof`, makes each file's pprof profiles too.
+pub fn build(
+    runs: &[RunDir],
+    perf: &Path,
+    window_ns: u64,
+    jobs: usize,
+    pprof: bool,
+) -> Vec<FileReport> {
     let work: Vec<(&RunDir, usize, &SnapshotLine<'static>)> = runs
         .iter()
         .flat_map(|r| r.entries.iter().enumerate().map(move |(i, e)| (r, i, e)))
@@ -109,7 +119,7 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
                     let Some((run, pos, line)) = work.get(i) else {
                         break;
                     };
-                    let r = one_file(run, *pos, line, perf, window_ns);
+                    let r = one_file(run, *pos, line, perf, window_ns, pprof);
                     done.lock().expect("not poisoned").push((i, r));
                 }
             });
@@ -126,6 +136,7 @@ fn one_file(
     line: &SnapshotLine<'static>,
     perf: &Path,
     window_ns: u64,
+    pprof: bool,
 ) -> FileReport {
     let snapshot = &line.snapshot;
     let mut rep = FileReport {
@@ -138,6 +149,7 @@ fn one_file(
         all_file: run.rel.join(format!("{}.all.folded", snapshot.file)),
         hits: Vec::new(),
         cmdline: None,
+        pprof: None,
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -152,7 +164,12 @@ fn one_file(
         },
     };
     match read {
-        Ok(s) => fill(&mut rep, &s, window_ns),
+        Ok(s) => {
+            fill(&mut rep, &s, window_ns);
+            if pprof {
+                rep.pprof = Some(pprof_of(run, &rep, &s));
+            }
+        }
         Err(status) => rep.status = status,
     }
     // Hits are listed even when their file could not be read.
@@ -202,6 +219,18 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
     }
+}
+
+/// A read file's pprof profiles (`--pprof`).
+fn pprof_of(run: &RunDir, rep: &FileReport, s: &Samples) -> Profiles {
+    let (trigger, period_ns) = profiles::source(run, rep.cmdline.as_deref());
+    let src = profiles::Source {
+        snapshot: &rep.line.snapshot,
+        trigger: trigger.as_deref(),
+        period_ns,
+    };
+    let hits: Vec<_> = rep.hits.iter().map(|h| (&h.hit, h.span)).collect();
+    profiles::of_snapshot(s, &src, &hits)
 }
 
 fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
