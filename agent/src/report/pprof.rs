@@ -300,25 +300,26 @@ impl Builder {
     }
 
     fn add_values(&mut self, locations: Vec<u64>, labels: Vec<Label>, values: &[i64]) {
+        use std::collections::hash_map::Entry;
         let n = self.p.sample_type.len();
-        match self.samples.get(&(locations.clone(), labels.clone())) {
-            Some(&i) => {
-                for (v, add) in self.p.sample[i].value.iter_mut().zip(values) {
+        match self.samples.entry((locations, labels)) {
+            Entry::Occupied(e) => {
+                for (v, add) in self.p.sample[*e.get()].value.iter_mut().zip(values) {
                     *v += add;
                 }
             }
-            None => {
-                self.samples
-                    .insert((locations.clone(), labels.clone()), self.p.sample.len());
+            Entry::Vacant(e) => {
+                let (location_id, label) = e.key().clone();
+                e.insert(self.p.sample.len());
                 self.p.sample.push(Sample {
-                    location_id: locations,
+                    location_id,
                     value: values
                         .iter()
                         .copied()
                         .chain(std::iter::repeat(0))
                         .take(n)
                         .collect(),
-                    label: labels,
+                    label,
                 });
             }
         }
