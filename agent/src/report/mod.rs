@@ -8,7 +8,8 @@
 //! * [`moments`]: a hit's moment, folding, shares, the differential;
 //! * [`offcpu`]: a hit's off-CPU breakdown and blocked stacks;
 //!   [`offcpu_page`]: their part of the page;
-//! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
+//! * [`html`], [`runinfo`]: the page; [`run_view`]: its view of every hit
+//!   at once, and `--json`'s `run` object; [`write`]: the files in OUT;
 //! * [`profiles`], [`pprof`]: `--pprof`'s profiles (docs/pprof.md);
 //!   [`wall_clock`]: times on the wall clock;
 //! * [`run_file`]: `OUT/run.json`, the triggers a capture run records for
@@ -27,6 +28,7 @@ mod offcpu;
 mod offcpu_page;
 mod pprof;
 mod profiles;
+mod run_view;
 mod runinfo;
 mod samples;
 mod timeline;
@@ -99,6 +101,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
                 let _ = writeln!(stdout, "{}", hit_json(&page, f, h, &path));
             }
         }
+        let _ = writeln!(stdout, "{}", run_view::json(&page, &path));
     } else {
         println!("{}", path.display());
     }
@@ -389,6 +392,7 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "blocked_ns": x.off_cpu.map(|o| o.breakdown.blocked_ns),
         "unknown_ns": x.off_cpu.map(|o| o.breakdown.unknown_ns),
         "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
+        "timeline": h.timeline.as_ref().map(timeline::json),
     })
 }
 

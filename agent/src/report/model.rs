@@ -10,10 +10,11 @@ use std::{
 };
 
 use super::{
-    moments::{self, Folded, Span},
+    moments::{self, Folded, Span, ThreadParts},
     offcpu::{self, OffCpuView},
     profiles::{self, Profiles},
     samples::{self, Samples},
+    timeline::{self, Timeline},
 };
 use crate::output::{
     index::{IndexedHit, SnapshotLine},
@@ -73,6 +74,8 @@ pub struct HitReport {
     pub moment_file: PathBuf,
     /// The off-CPU breakdown, when the run recorded one (`--off-cpu`).
     pub off_cpu: Option<OffCpuView>,
+    /// The moment in time order; `None` when the file was not read.
+    pub timeline: Option<Timeline>,
 }
 
 /// One snapshot file.
@@ -92,8 +95,18 @@ pub struct FileReport {
     pub hits: Vec<HitReport>,
     /// perf's command line, from the file's header.
     pub cmdline: Option<String>,
+    /// The samples of each thread with a hit in the index directory, inside
+    /// and outside the moments of all its hits (the run view's input).
+    pub threads: Vec<ThreadParts>,
     /// `--pprof`: the file's profiles, when it was read.
     pub pprof: Option<Profiles>,
+}
+
+/// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
+/// the directory as `-`), stable across reports of the same OUT.
+pub fn anchor(f: &FileReport, hit: &HitReport) -> String {
+    let dir = f.dir.display().to_string().replace('/', "-");
+    format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
 }
 
 /// Reads every file of every index directory, `jobs` at a time; with
@@ -150,6 +163,7 @@ fn one_file(
         hits: Vec::new(),
         cmdline: None,
         pprof: None,
+        threads: Vec::new(),
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -166,6 +180,7 @@ fn one_file(
     match read {
         Ok(s) => {
             fill(&mut rep, &s, window_ns);
+            rep.threads = moments::split_by_moments(&s, &dir_spans(run, window_ns));
             if pprof {
                 rep.pprof = Some(pprof_of(run, &rep, &s));
             }
@@ -204,6 +219,15 @@ fn all_gone<'a>(mut files: impl Iterator<Item = &'a str>, gone: impl Fn(&str) ->
     files.all(gone)
 }
 
+/// The moments of every hit the index directory lists.
+fn dir_spans(run: &RunDir, window_ns: u64) -> Vec<Span> {
+    run.entries
+        .iter()
+        .flat_map(|e| &e.snapshot.hits)
+        .map(|h| moments::span(h, window_ns))
+        .collect()
+}
+
 fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
     let name = if rep.line.snapshot.hits.len() > 1 {
         format!("{}.{}.moment.folded", rep.line.snapshot.file, h.seq)
@@ -218,6 +242,7 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         rest: Vec::new(),
         off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
+        timeline: None,
     }
 }
 
@@ -248,6 +273,7 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
         if let Some(o) = hr.off_cpu.as_mut() {
             offcpu::add_stacks(o, s, h.tid);
         }
+        hr.timeline = Some(timeline::compute(s, h, &rep.line.snapshot, &sp));
         rep.hits.push(hr);
     }
 }
