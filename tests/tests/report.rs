@@ -103,10 +103,11 @@ fn capture_moments() -> Run {
 #[test]
 fn the_moment_is_the_moment() {
     let run = capture_moments();
-    let o = report(&["--json"], &run.out);
+    let o = report(&["--json", "--pprof"], &run.out);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let hits = hits_json(&o);
     assert_eq!(hits.len(), 4, "{}", text(&o));
+    pprof_is_read_by_go_pprof(&run, &hits);
     let page = fs::read_to_string(run.out.join("report.html")).unwrap();
     // perf's command line, on the page: how the stacks were unwound.
     let dwarf = page.contains("--call-graph dwarf");
@@ -851,4 +852,184 @@ fn a_blocked_call_is_not_told_to_raise_the_frequency() {
         "every slept call was told to raise --freq"
     );
     eprintln!("blocked calls: {blocked} of 3 with the off-CPU note");
+}
+
+/// Runs the real pprof client, `go tool pprof ARGS FILE` (Debian's
+/// golang-go, which `cargo xtask setup --with-test-deps` installs), in this
+/// process's time zone, and returns what it prints.
+fn go_pprof(args: &[&str], file: &Path) -> String {
+    let o = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `go tool pprof` ({e}): install golang-go (cargo xtask setup --with-test-deps)")
+        });
+    assert!(
+        o.status.success(),
+        "go tool pprof {args:?} {}: {}",
+        file.display(),
+        text(&o)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `-top`'s total (`... of N total`) and its first row (flat, function).
+fn pprof_top(top: &str) -> (u64, (u64, String)) {
+    let total = top
+        .lines()
+        .find_map(|l| l.split(" of ").nth(1)?.strip_suffix(" total")?.parse().ok())
+        .unwrap_or_else(|| panic!("no total in {top}"));
+    let at = top
+        .find("cum%")
+        .unwrap_or_else(|| panic!("no table in {top}"));
+    let row = top[at..]
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no row in {top}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    (total, (cols[0].parse().unwrap(), cols[5..].join(" ")))
+}
+
+/// `-tags`: each key's values, with their counts. pprof prints `KEY:
+/// Total N.0`, then a line `N.0 (P%): VALUE` per value.
+fn pprof_tags(tags: &str) -> BTreeMap<String, Vec<(u64, String)>> {
+    let mut out: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+    let mut key = String::new();
+    for l in tags.lines() {
+        if let Some((k, _)) = l.trim().split_once(": Total ") {
+            key = k.trim().to_string();
+            out.entry(key.clone()).or_default();
+        } else if let Some((n, v)) = l.trim().split_once(" (") {
+            let v = v.split_once("):").map_or("", |(_, v)| v.trim());
+            let n: f64 = n
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{l:?} in {tags}"));
+            let values = out
+                .get_mut(&key)
+                .unwrap_or_else(|| panic!("{l:?} in {tags}"));
+            values.push((n as u64, v.to_string()));
+        }
+    }
+    out
+}
+
+/// `YYYY-mm-dd HH:MM:SS[.fraction]...` as ns from 1970-01-01 00:00:00 of
+/// the same clock.
+fn wall_ns(t: &str) -> i64 {
+    let n = |a: usize, b: usize| t[a..b].parse::<i64>().unwrap_or_else(|_| panic!("{t:?}"));
+    let (y, m, d) = (n(0, 4), n(5, 7), n(8, 10));
+    // Days from the civil date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let secs = days * 86_400 + n(11, 13) * 3600 + n(14, 16) * 60 + n(17, 19);
+    let frac: String = t[19..]
+        .strip_prefix('.')
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let frac_ns = format!("{frac:0<9}")[..9].parse::<i64>().unwrap();
+    secs * 1_000_000_000 + frac_ns
+}
+
+/// The file of pprof's profile beside a folded file.
+fn pb_of(run: &Run, folded: &str) -> PathBuf {
+    run.out
+        .join(folded.strip_suffix(".folded").unwrap().to_string() + ".pb.gz")
+}
+
+/// The folded files' total, and the most samples a leaf has.
+fn folded_figures(f: &[(Vec<String>, u64)]) -> (u64, u64, Vec<String>) {
+    let mut own: BTreeMap<&str, u64> = BTreeMap::new();
+    for (s, n) in f {
+        *own.entry(s.last().unwrap()).or_default() += n;
+    }
+    let most = own.values().copied().max().unwrap_or(0);
+    let leaves = own
+        .iter()
+        .filter(|(_, n)| **n == most)
+        .map(|(k, _)| k.to_string())
+        .collect();
+    (f.iter().map(|(_, n)| n).sum(), most, leaves)
+}
+
+/// `report --pprof`: each hit's moment and snapshot as pprof profiles, read
+/// by `go tool pprof`: the top function and the totals are the folded
+/// files', and the labels are the hit's.
+fn pprof_is_read_by_go_pprof(run: &Run, hits: &[Value]) {
+    let mut moments = 0;
+    for h in hits {
+        let ctx = format!("hit {h}");
+        let folded = h["moment"]["folded"].as_str().unwrap();
+        let pb = pb_of(run, folded);
+        let (total, most, leaves) = folded_figures(&read_folded(&run.out.join(folded)));
+        moments += total;
+        let top = go_pprof(&["-top", "-sample_index=samples"], &pb);
+        let (n, (flat, name)) = pprof_top(&top);
+        assert_eq!(n, total, "{top}; {ctx}");
+        assert_eq!(flat, most, "{top}; {ctx}");
+        assert!(
+            leaves.contains(&name),
+            "{name} not in {leaves:?}; {top}; {ctx}"
+        );
+        assert!(name == "slow_part" || leaves.len() > 1, "{top}; {ctx}");
+        let tags = pprof_tags(&go_pprof(&["-tags", "-sample_index=samples"], &pb));
+        let one = |v: &Value| vec![(total, v.to_string().trim_matches('"').to_string())];
+        assert_eq!(tags["hit"], one(&h["seq"]), "{tags:?}; {ctx}");
+        assert_eq!(tags["tid"], one(&h["tid"]), "{tags:?}; {ctx}");
+        assert_eq!(
+            tags["trigger"],
+            one(&Value::from("handle")),
+            "{tags:?}; {ctx}"
+        );
+        // -tags scales a value in ns (`70.07ms`); -raw prints it exactly.
+        assert_eq!(tags["duration_ns"].len(), 1, "{tags:?}; {ctx}");
+        let raw = go_pprof(&["-raw"], &pb);
+        let d = format!("duration_ns:[{} nanoseconds]", h["duration_ns"]);
+        assert!(raw.contains(&d), "no {d} in {raw}; {ctx}");
+        // The profile starts at the call's start, on the wall clock: the
+        // hit's time less the call. Both come from perf's file name (to
+        // 10 ms), pprof prints the time in this process's zone, as perf
+        // named the file.
+        let start = raw
+            .lines()
+            .find_map(|l| l.strip_prefix("Time: "))
+            .unwrap_or_else(|| panic!("no Time in {raw}"));
+        let hit_ns = wall_ns(h["wall_clock"].as_str().unwrap());
+        let end_ns = wall_ns(start) + h["duration_ns"].as_i64().unwrap();
+        assert!(
+            (end_ns - hit_ns).abs() <= 20_000_000,
+            "{start} + {} is not {}; {ctx}",
+            h["duration_ns"],
+            h["wall_clock"]
+        );
+        // The whole snapshot: every sample, each thread's, the moment's
+        // labelled with its hit.
+        let all = h["all"]["folded"].as_str().unwrap();
+        let (all_total, _, _) = folded_figures(&read_folded(&run.out.join(all)));
+        let top = go_pprof(&["-top", "-sample_index=samples"], &pb_of(run, all));
+        assert_eq!(pprof_top(&top).0, all_total, "{top}; {ctx}");
+        let tags = pprof_tags(&go_pprof(
+            &["-tags", "-sample_index=samples"],
+            &pb_of(run, all),
+        ));
+        assert!(
+            tags["tid"].len() >= 2,
+            "the worker and the caller: {tags:?}; {ctx}"
+        );
+        let seq = h["seq"].to_string();
+        assert!(tags["hit"].contains(&(total, seq)), "{tags:?}; {ctx}");
+        assert!(!tags.contains_key("duration_ns"), "{tags:?}; {ctx}");
+    }
+    let every = run.out.join("report/moments.pb.gz");
+    let top = go_pprof(&["-top", "-sample_index=samples"], &every);
+    assert_eq!(pprof_top(&top).0, moments, "{top}");
+    let tags = pprof_tags(&go_pprof(&["-tags", "-sample_index=samples"], &every));
+    assert_eq!(tags["hit"].len(), hits.len(), "{tags:?}");
 }

@@ -12,6 +12,7 @@ use std::{
 use super::{
     moments::{self, Folded, Span, ThreadParts},
     offcpu::{self, OffCpuView},
+    profiles::{self, Profiles},
     samples::{self, Samples},
     timeline::{self, Timeline},
 };
@@ -97,6 +98,8 @@ pub struct FileReport {
     /// The samples of each thread with a hit in the index directory, inside
     /// and outside the moments of all its hits (the run view's input).
     pub threads: Vec<ThreadParts>,
+    /// `--pprof`: the file's profiles, when it was read.
+    pub pprof: Option<Profiles>,
 }
 
 /// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
@@ -106,8 +109,15 @@ pub fn anchor(f: &FileReport, hit: &HitReport) -> String {
     format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
 }
 
-/// Reads every file of every index directory, `jobs` at a time.
-pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<FileReport> {
+/// Reads every file of every index directory, `jobs` at a time; with
+/// `pprof`, makes each file's pprof profiles too.
+pub fn build(
+    runs: &[RunDir],
+    perf: &Path,
+    window_ns: u64,
+    jobs: usize,
+    pprof: bool,
+) -> Vec<FileReport> {
     let work: Vec<(&RunDir, usize, &SnapshotLine<'static>)> = runs
         .iter()
         .flat_map(|r| r.entries.iter().enumerate().map(move |(i, e)| (r, i, e)))
@@ -122,7 +132,7 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
                     let Some((run, pos, line)) = work.get(i) else {
                         break;
                     };
-                    let r = one_file(run, *pos, line, perf, window_ns);
+                    let r = one_file(run, *pos, line, perf, window_ns, pprof);
                     done.lock().expect("not poisoned").push((i, r));
                 }
             });
@@ -139,6 +149,7 @@ fn one_file(
     line: &SnapshotLine<'static>,
     perf: &Path,
     window_ns: u64,
+    pprof: bool,
 ) -> FileReport {
     let snapshot = &line.snapshot;
     let mut rep = FileReport {
@@ -151,6 +162,7 @@ fn one_file(
         all_file: run.rel.join(format!("{}.all.folded", snapshot.file)),
         hits: Vec::new(),
         cmdline: None,
+        pprof: None,
         threads: Vec::new(),
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
@@ -169,6 +181,9 @@ fn one_file(
         Ok(s) => {
             fill(&mut rep, &s, window_ns);
             rep.threads = moments::split_by_moments(&s, &dir_spans(run, window_ns));
+            if pprof {
+                rep.pprof = Some(pprof_of(run, &rep, &s));
+            }
         }
         Err(status) => rep.status = status,
     }
@@ -229,6 +244,18 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         moment_file,
         timeline: None,
     }
+}
+
+/// A read file's pprof profiles (`--pprof`).
+fn pprof_of(run: &RunDir, rep: &FileReport, s: &Samples) -> Profiles {
+    let (trigger, period_ns) = profiles::source(run, rep.cmdline.as_deref());
+    let src = profiles::Source {
+        snapshot: &rep.line.snapshot,
+        trigger: trigger.as_deref(),
+        period_ns,
+    };
+    let hits: Vec<_> = rep.hits.iter().map(|h| (&h.hit, h.span)).collect();
+    profiles::of_snapshot(s, &src, &hits)
 }
 
 fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {

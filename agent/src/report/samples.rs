@@ -71,6 +71,10 @@ pub struct Samples {
     frames: Vec<u32>,
     names: Vec<String>,
     ids: HashMap<String, u32>,
+    /// Each frame's object (perf's `dso`), as an index in `objects`;
+    /// parallel to `frames`.
+    frame_objects: Vec<u32>,
+    objects: Vec<String>,
     /// perf's command line, from the header (`# cmdline : ...`).
     pub cmdline: Option<String>,
 }
@@ -84,6 +88,26 @@ impl Samples {
     /// A frame id's name.
     pub fn name(&self, id: u32) -> &str {
         &self.names[id as usize]
+    }
+
+    /// The objects of a sample's call chain, parallel to [`Self::stack`]:
+    /// the file perf names for each frame (`/usr/lib/libc.so.6`,
+    /// `[kernel.kallsyms]`, `[unknown]`).
+    pub fn objects(&self, s: &Sample) -> impl Iterator<Item = &str> {
+        self.frame_objects[s.start as usize..(s.start + s.len) as usize]
+            .iter()
+            .map(|&i| self.objects[i as usize].as_str())
+    }
+
+    /// Interns an object name (a run maps a few dozen).
+    fn object(&mut self, dso: &str) -> u32 {
+        match self.objects.iter().position(|o| o == dso) {
+            Some(i) => i as u32,
+            None => {
+                self.objects.push(dso.to_string());
+                (self.objects.len() - 1) as u32
+            }
+        }
     }
 
     fn intern(&mut self, name: &str) -> u32 {
@@ -280,9 +304,11 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
         }
         if text.starts_with('\t') {
             if let Some(s) = current.as_mut() {
-                let name = frame_name(text.trim_start());
+                let (name, dso) = frame_name(text.trim_start());
                 let id = out.intern(&name);
                 out.frames.push(id);
+                let object = out.object(dso);
+                out.frame_objects.push(object);
                 s.sample().len += 1;
             }
             continue;
@@ -373,24 +399,26 @@ fn parse_ns(t: &str) -> Option<u64> {
         .checked_add(ns)
 }
 
-/// `55d0c3a1b139 slow_part (/path/t)` → `slow_part`; an unknown symbol is
-/// named by its object, as inferno's collapse-perf does: `[libc.so.6]`.
-fn frame_name(line: &str) -> String {
+/// `55d0c3a1b139 slow_part (/path/t)` → (`slow_part`, `/path/t`); an
+/// unknown symbol is named by its object, as inferno's collapse-perf does:
+/// `[libc.so.6]`. An object perf does not print is `[unknown]`.
+fn frame_name(line: &str) -> (String, &str) {
     let rest = line.split_once(' ').map_or("", |(_, r)| r.trim());
     let (sym, dso) = match rest.rfind(" (") {
         Some(i) if rest.ends_with(')') => (&rest[..i], &rest[i + 2..rest.len() - 1]),
         _ => (rest, ""),
     };
+    let dso = if dso.is_empty() { "[unknown]" } else { dso };
     // `;` separates frames in the folded format.
     let sym = sym.replace(';', ":");
     if sym.is_empty() || sym == "[unknown]" {
         let base = dso.rsplit('/').next().unwrap_or("");
         if base.is_empty() || base == "[unknown]" {
-            return "[unknown]".into();
+            return ("[unknown]".into(), dso);
         }
-        return format!("[{}]", base.trim_matches(['[', ']']));
+        return (format!("[{}]", base.trim_matches(['[', ']'])), dso);
     }
-    sym
+    (sym, dso)
 }
 
 #[cfg(test)]
@@ -413,6 +441,11 @@ mod tests {
         assert_eq!(
             names,
             ["slow_part", "ns::f(int) const", "[libc.so.6]", "[unknown]"]
+        );
+        let objects: Vec<&str> = s.objects(&a).collect();
+        assert_eq!(
+            objects,
+            ["/t/target", "/t/target", "/usr/lib/libc.so.6", "[unknown]"]
         );
         let b = s.samples[1];
         assert_eq!((b.tid, b.time_ns), (7, 1_500_000_000));
