@@ -197,6 +197,7 @@ mod tests {
             rest: vec![],
             moment_file: file,
             off_cpu: Some(o),
+            timeline: None,
         }
     }
 

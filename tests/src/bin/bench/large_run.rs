@@ -10,7 +10,7 @@
 //! (goal: at most 2 s), through the DevTools client (tests/src/cdp.rs): from
 //! `Page.navigate` to the load event and two frames drawn.
 //!
-//! Each side runs once, with no warm-up pass (a pass of the report alone
+//! Its table is `bench_md`'s `large` part. Each side runs once, with no warm-up pass (a pass of the report alone
 //! takes tens of seconds): both read files the capture has just written,
 //! from the page cache, the report first.
 
@@ -111,40 +111,4 @@ pub fn run(quick: bool) -> Value {
     }
     eprintln!("bench: large run {v}");
     v
-}
-
-/// Prints the part's table.
-pub fn print(r: &Value) {
-    if r.is_null() {
-        return;
-    }
-    println!(
-        "\n### Large run: {} calls {} ms apart, `--cooldown 0`, reported and opened\n",
-        r["calls"], r["gap_ms"]
-    );
-    println!(
-        "Goals: `mt-agent report` at most 1.0× the anchor pipeline on the same files; \
-         headless Chromium opens the page in at most 2 s.\n"
-    );
-    println!(
-        "| kept snapshots | hits | MB | mt-agent report (s) | perf script \\| inferno-collapse-perf \\| inferno-flamegraph, per file (s) | ratio | report.html (MB) | Chromium opens it (s) | anchor's inferno |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    if let Some(line) = super::failed_row(r, &r["snapshots"].to_string(), 9) {
-        println!("{line}");
-        return;
-    }
-    let n = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-    println!(
-        "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2}x | {:.1} | {:.2} | {} |",
-        r["snapshots"],
-        r["hits"],
-        n("bytes") / 1e6,
-        n("report_s"),
-        n("anchor_s"),
-        n("ratio"),
-        n("page_bytes") / 1e6,
-        n("open_s"),
-        r["anchor"].as_str().unwrap_or("")
-    );
 }

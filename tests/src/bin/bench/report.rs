@@ -182,24 +182,3 @@ pub fn anchor(files: &[PathBuf], svg: &Path) -> (f64, &'static str) {
     };
     (t0.elapsed().as_secs_f64(), label)
 }
-
-/// Prints the part's table.
-pub fn print(r: &Value) {
-    if r.is_null() {
-        return;
-    }
-    println!("\n### Report: `mt-agent report` against the anchor pipeline\n");
-    println!(
-        "| snapshots | MB | mt-agent report (s) | perf script \\| inferno-collapse-perf \\| inferno-flamegraph, per file (s) | ratio | anchor's inferno |"
-    );
-    println!("|---|---|---|---|---|---|");
-    println!(
-        "| {} | {:.1} | {:.2} | {:.2} | {:.2}x | {} |",
-        r["files"],
-        r["bytes"].as_f64().unwrap_or(0.0) / 1e6,
-        r["report_s"].as_f64().unwrap_or(f64::NAN),
-        r["anchor_s"].as_f64().unwrap_or(f64::NAN),
-        r["ratio"].as_f64().unwrap_or(f64::NAN),
-        r["anchor"].as_str().unwrap_or("")
-    );
-}
