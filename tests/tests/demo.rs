@@ -16,7 +16,8 @@ use serde_json::Value;
 const LARGE: u64 = 100_000;
 const MS: u64 = 1_000_000;
 
-/// `mt-agent report OUT --json`: one object per hit.
+/// The hits of `mt-agent report OUT --json` (one object per hit, then the
+/// run's own object, left out here).
 fn report_hits(out: &Path) -> Vec<Value> {
     let o = Command::new(agent_bin())
         .arg("report")
@@ -32,6 +33,7 @@ fn report_hits(out: &Path) -> Vec<Value> {
     String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .filter(|v: &Value| v["event"] == "hit")
         .collect()
 }
 

@@ -180,11 +180,16 @@ fn report(agent: &Path, out: &Path) -> anyhow::Result<()> {
     let json = output_of(Command::new(agent).arg("report").arg(out).arg("--json"))
         .context("mt-agent report")?;
     let secs = t0.elapsed().as_secs_f64();
-    let hits: Vec<Value> = json
+    let objects: Vec<Value> = json
         .lines()
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()
         .context("reading mt-agent report --json")?;
+    // One object per hit, and one for the run as a whole.
+    let hits: Vec<Value> = objects
+        .into_iter()
+        .filter(|v| v["event"] == "hit")
+        .collect();
     let page = hits
         .first()
         .and_then(|h| h["report"].as_str())
