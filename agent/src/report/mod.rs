@@ -26,6 +26,7 @@ mod offcpu_page;
 mod runinfo;
 mod samples;
 mod timeline;
+mod timeline_page;
 
 use std::{
     collections::HashMap,

@@ -13,6 +13,8 @@ use super::{
     moments::{self, Folded, Span},
     offcpu::{self, OffCpuView},
     samples::{self, Samples},
+    timeline::Timeline,
+    timeline_page::{self, ThreadSamples},
 };
 use crate::output::{
     index::{IndexedHit, SnapshotLine},
@@ -72,6 +74,11 @@ pub struct HitReport {
     pub moment_file: PathBuf,
     /// The off-CPU breakdown, when the run recorded one (`--off-cpu`).
     pub off_cpu: Option<OffCpuView>,
+    /// The moment in time order; `None` when the file was not read.
+    pub timeline: Option<Timeline>,
+    /// The hit thread's samples in the snapshot, for the page's range
+    /// flame graph (empty when the file was not read).
+    pub thread_samples: ThreadSamples,
 }
 
 /// One snapshot file.
@@ -201,6 +208,8 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         rest: Vec::new(),
         off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
+        timeline: None,
+        thread_samples: ThreadSamples::default(),
     }
 }
 
@@ -219,6 +228,7 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
         if let Some(o) = hr.off_cpu.as_mut() {
             offcpu::add_stacks(o, s, h.tid);
         }
+        hr.thread_samples = timeline_page::thread_samples(s, h.tid);
         rep.hits.push(hr);
     }
 }
