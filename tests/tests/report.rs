@@ -135,6 +135,7 @@ fn the_moment_is_the_moment() {
         assert_eq!(h["diff"][0]["name"], "slow_part", "{ctx}");
         assert!(h["diff"][0]["delta"].as_f64().unwrap() > 0.5, "{ctx}");
         off_cpu_of_the_call(&run, h, d, dwarf);
+        timeline_lanes(h);
     }
     assert!(page.contains("handle in "), "the trigger is not named");
     // Without --json: the page's path, and the same folded files.
@@ -149,6 +150,38 @@ fn the_moment_is_the_moment() {
             .display()
             .to_string()
     );
+}
+
+/// A hit's timeline (`--json`): a lane per sampled thread, the hit's
+/// first and then the worker's (it runs background_work throughout), whose
+/// samples add up to the file's; each lane's states, from the run's switch
+/// records, lie in the timeline's span and do not overlap.
+fn timeline_lanes(h: &Value) {
+    let tl = &h["timeline"];
+    let num = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"));
+    let lanes = tl["lanes"].as_array().expect("lanes");
+    let tids: Vec<u64> = lanes.iter().map(|l| num(&l["tid"])).collect();
+    assert_eq!(tids[0], num(&h["tid"]), "the hit's lane first: {tl}");
+    assert!(tids.len() >= 2 && tids[1..].is_sorted(), "{tids:?}");
+    let samples: u64 = lanes.iter().map(|l| num(&l["samples"])).sum();
+    assert_eq!(samples, num(&h["file_samples"]), "{tl}");
+    let (from, to) = (num(&tl["from_ns"]), num(&tl["to_ns"]));
+    for l in lanes {
+        let mut all: Vec<(u64, u64)> = ["on_cpu", "runnable", "blocked"]
+            .iter()
+            .flat_map(|k| l[*k].as_array().unwrap_or_else(|| panic!("no {k}: {l}")))
+            .map(|i| (num(&i[0]), num(&i[1])))
+            .collect();
+        all.sort_unstable();
+        assert!(
+            all.iter().all(|i| from <= i.0 && i.0 < i.1 && i.1 <= to),
+            "{l}"
+        );
+        assert!(
+            all.windows(2).all(|w| w[0].1 <= w[1].0),
+            "overlapping states: {l}"
+        );
+    }
 }
 
 /// A slow call's off-CPU breakdown: the three figures make up the call,

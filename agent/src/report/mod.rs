@@ -348,6 +348,7 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "blocked_ns": x.off_cpu.map(|o| o.breakdown.blocked_ns),
         "unknown_ns": x.off_cpu.map(|o| o.breakdown.unknown_ns),
         "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
+        "timeline": h.timeline.as_ref().map(timeline::json),
     })
 }
 

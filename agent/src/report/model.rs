@@ -13,7 +13,7 @@ use super::{
     moments::{self, Folded, Span},
     offcpu::{self, OffCpuView},
     samples::{self, Samples},
-    timeline::Timeline,
+    timeline::{self, Timeline},
     timeline_page::{self, ThreadSamples},
 };
 use crate::output::{
@@ -229,6 +229,7 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
             offcpu::add_stacks(o, s, h.tid);
         }
         hr.thread_samples = timeline_page::thread_samples(s, h.tid);
+        hr.timeline = Some(timeline::compute(s, h, &rep.line.snapshot, &sp));
         rep.hits.push(hr);
     }
 }
