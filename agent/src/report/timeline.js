@@ -178,14 +178,22 @@ class Timeline {
     c.fillRect(x0, 0, Math.max(1, x1 - x0), this.height);
   }
 
+  // Labels first, then the lines over them.
   drawMarks(c) {
-    for (const m of this.markX()) {
-      if (m.x < TL.label || m.x > this.width) continue;
+    const shown = this.markX().filter((m) => m.x >= TL.label && m.x <= this.width);
+    for (const m of shown) {
+      // Right of its line, or left of it near the right edge.
+      const name = TL.markName[m.kind];
+      const w = c.measureText(name).width;
+      c.fillStyle = m.colour;
+      c.fillText(name, m.x + 3 + w > this.width ? m.x - 3 - w : m.x + 3, TL.axis + 1);
+    }
+    for (const m of shown) {
       c.fillStyle = m.colour;
       c.fillRect(Math.round(m.x) - 1, 0, 2, this.height);
-      c.fillText(TL.markName[m.kind], m.x + 3, TL.axis + 1);
     }
   }
+
 }
 
 // `s` cut to fit `w` px.
