@@ -34,11 +34,28 @@ fn text(o: &Output) -> String {
 }
 
 /// The `--json` lines of a report.
-fn hits_json(o: &Output) -> Vec<Value> {
+fn json_lines(o: &Output) -> Vec<Value> {
     String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
         .collect()
+}
+
+/// The `hit` objects of a report's `--json`.
+fn hits_json(o: &Output) -> Vec<Value> {
+    json_lines(o)
+        .into_iter()
+        .filter(|v| v["event"] == "hit")
+        .collect()
+}
+
+/// The `run` object of a report's `--json`: one, after the hits.
+fn run_json(o: &Output) -> Value {
+    let lines = json_lines(o);
+    let runs: Vec<&Value> = lines.iter().filter(|v| v["event"] == "run").collect();
+    assert_eq!(runs.len(), 1, "{}", text(o));
+    assert_eq!(lines.last(), Some(runs[0]), "the run object comes last");
+    runs[0].clone()
 }
 
 /// Share of the samples with `name` anywhere on the stack.
@@ -138,6 +155,7 @@ fn the_moment_is_the_moment() {
         timeline_lanes(h);
     }
     assert!(page.contains("handle in "), "the trigger is not named");
+    run_object_of_the_moments(&run, &o, &hits);
     // Without --json: the page's path, and the same folded files.
     let o = report(&[], &run.out);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -182,6 +200,52 @@ fn timeline_lanes(h: &Value) {
             "overlapping states: {l}"
         );
     }
+}
+
+/// The `run` object: the four slow calls merged, against the rest of the
+/// thread (its fast calls), name `slow_part` first, as each hit does.
+fn run_object_of_the_moments(run: &Run, o: &Output, hits: &[Value]) {
+    let r = run_json(o);
+    let ctx = format!("run {r}");
+    assert_eq!(
+        (r["hits"].as_u64(), r["slow_calls"].as_u64()),
+        (Some(4), Some(4)),
+        "{ctx}"
+    );
+    assert_eq!(r["diff"][0]["name"], "slow_part", "{ctx}");
+    assert!(r["diff"][0]["delta"].as_f64().unwrap() > 0.5, "{ctx}");
+    let slow = r["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "slow_part")
+        .unwrap_or_else(|| panic!("slow_part not in top; {ctx}"));
+    assert!(slow["inclusive"].as_f64().unwrap() >= 0.8, "{ctx}");
+    // Every hit's moment is in the merge (which also holds the part of a
+    // call that began in the snapshot before its own).
+    let each: u64 = hits
+        .iter()
+        .map(|h| h["moment"]["samples"].as_u64().unwrap())
+        .sum();
+    let merged = r["moment_samples"].as_u64().unwrap();
+    assert!(merged >= each, "{merged} < {each}; {ctx}");
+    assert!(r["rest_samples"].as_u64().unwrap() > 0, "{ctx}");
+    // One group: the trigger in the target's process.
+    let g = r["groups"].as_array().unwrap();
+    assert_eq!(g.len(), 1, "{ctx}");
+    assert_eq!(g[0]["tgid"], hits[0]["tgid"], "{ctx}");
+    assert!(
+        g[0]["trigger"].as_str().unwrap().starts_with("handle in "),
+        "{ctx}"
+    );
+    assert_eq!(g[0]["moment_samples"], r["moment_samples"], "{ctx}");
+    eprintln!(
+        "run object: {merged} samples in the moments ({each} in the hits'), {} outside; \
+         slow_part +{:.2}; dir {}",
+        r["rest_samples"],
+        r["diff"][0]["delta"].as_f64().unwrap(),
+        run.out.display()
+    );
 }
 
 /// A slow call's off-CPU breakdown: the three figures make up the call,
@@ -269,7 +333,7 @@ fn the_page_works_in_a_real_browser() {
     // Each hit's section is built when it opens: none is yet.
     let (sections, built) = (
         b.eval("document.querySelectorAll('details.hit').length"),
-        b.eval("document.querySelectorAll('iframe.fg, .tl canvas').length"),
+        b.eval("document.querySelectorAll('iframe.fg:not(.run-diff), .tl canvas').length"),
     );
     assert_eq!((sections, built), (Value::from(4), Value::from(0)));
     b.eval("mtOpenAll().then(() => 0)");
@@ -277,6 +341,7 @@ fn the_page_works_in_a_real_browser() {
     off_cpu_bars(&mut b);
     timelines(&mut b, &hits);
     search_and_zoom(&mut b);
+    run_view_in_the_browser(&mut b);
     let dir = screenshot_dir();
     fs::create_dir_all(&dir).unwrap();
     let shot = dir.join("report.png");
@@ -291,7 +356,7 @@ fn the_page_works_in_a_real_browser() {
 /// Every flame graph of the (opened) page: its size and the names it holds.
 fn flame_graphs(b: &mut cdp::Browser) {
     let graphs = b.eval(
-        "Array.from(document.querySelectorAll('iframe.fg')).map(f => { \
+        "Array.from(document.querySelectorAll('iframe.fg:not(.run-diff)')).map(f => { \
            const d = f.contentDocument; const svg = d && d.querySelector('svg'); \
            const r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0}; \
            return {kind: f.className, w: r.width, h: r.height, \
@@ -501,7 +566,7 @@ fn a_page_of_many_snapshots_loads() {
     let sections = b.eval("document.querySelectorAll('details.hit').length");
     assert_eq!(sections, Value::from(hits));
     assert_eq!(
-        b.eval("document.querySelectorAll('iframe.fg').length"),
+        b.eval("document.querySelectorAll('iframe.fg:not(.run-diff)').length"),
         Value::from(0)
     );
     // The table's link to the last hit opens its section, which is built.
@@ -512,7 +577,7 @@ fn a_page_of_many_snapshots_loads() {
            return {open: d.open, graphs: d.querySelectorAll('iframe.fg').length, \
                    svgs: Array.from(d.querySelectorAll('iframe.fg')).filter(f => f.contentDocument.querySelector('svg')).length, \
                    timeline: d.querySelector('.tl')._tl.range.total, \
-                   others: document.querySelectorAll('iframe.fg').length}; })()",
+                   others: document.querySelectorAll('iframe.fg:not(.run-diff)').length}; })()",
     );
     assert_eq!(built["open"], true, "{built}");
     let graphs = built["graphs"].as_u64().unwrap();
@@ -527,6 +592,79 @@ fn a_page_of_many_snapshots_loads() {
     let (errors, requests) = b.close();
     assert!(errors.is_empty(), "console errors: {errors:#?}");
     assert_eq!(requests, [url], "requests");
+}
+
+/// The run view at the top of the page: its merged differential names
+/// the slow path, a hit per slow call in the chart, the table sorts by a
+/// column, and a click on a row opens (and scrolls to) that hit's section.
+fn run_view_in_the_browser(b: &mut cdp::Browser) {
+    let merged = b.eval(
+        "Array.from(document.querySelectorAll('iframe.fg.run-diff')).map(f => \
+           Array.from(f.contentDocument.querySelectorAll('#frames g title')).map(t => t.textContent))",
+    );
+    let merged = merged.as_array().expect("an array");
+    assert_eq!(merged.len(), 1, "one merged graph: {merged:?}");
+    let names: Vec<&str> = merged[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("slow_part")),
+        "{names:?}"
+    );
+    // Each point of the chart is a hit of the page.
+    let points = b.eval(
+        "Array.from(document.querySelectorAll('#run-chart [data-hit]')) \
+           .map(c => c.tagName + ':' + !!document.getElementById(c.dataset.hit))",
+    );
+    assert_eq!(points, Value::from(vec!["circle:true"; 4]));
+    // Sorting by duration, up then down: the cells' values in order.
+    let column = "Array.from(document.querySelectorAll('#run-hits tbody tr')).map(r => +r.cells[2].dataset.v)";
+    let sort = |b: &mut cdp::Browser| {
+        b.eval(&format!(
+            "(() => {{ const th = Array.from(document.querySelectorAll('#run-hits th')) \
+               .find(t => t.textContent.startsWith('duration')); \
+               th.dispatchEvent(new MouseEvent('click', {{bubbles: true}})); return {column}; }})()"
+        ))
+    };
+    let as_u64 = |v: Value| -> Vec<u64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    let up = as_u64(sort(b));
+    let down = as_u64(sort(b));
+    assert_eq!(up.len(), 4, "{up:?}");
+    assert!(up.windows(2).all(|w| w[0] <= w[1]), "not ascending: {up:?}");
+    let mut rev = up.clone();
+    rev.reverse();
+    assert_eq!(down, rev, "not descending");
+    assert!(up[0] < up[3], "four calls of one duration? {up:?}");
+    // A click on the first row (the longest call now): its section comes
+    // into view, and a <details> around it opens.
+    let opened = b.eval(
+        "(() => { const tr = document.querySelector('#run-hits tbody tr'); \
+           const e = document.getElementById(tr.dataset.hit); const d = e.closest('details'); \
+           if (d) d.open = false; const before = e.getBoundingClientRect().top; \
+           tr.cells[1].dispatchEvent(new MouseEvent('click', {bubbles: true})); \
+           const after = e.getBoundingClientRect().top; \
+           return {before, after, h: innerHeight, open: d ? d.open : null}; })()",
+    );
+    let at = |k: &str| opened[k].as_f64().unwrap();
+    assert!(
+        at("before") > at("h"),
+        "the hit was in view already: {opened}"
+    );
+    assert!(
+        at("after") >= 0.0 && at("after") < at("h") / 2.0,
+        "not scrolled to: {opened}"
+    );
+    assert_ne!(opened["open"], false, "its <details> stayed shut: {opened}");
+    b.eval("window.scrollTo(0, 0)");
 }
 
 /// Name, size and modification time of every file under `dir` but the
@@ -769,6 +907,26 @@ fn an_exe_output_with_two_processes_is_one_page() {
         page.contains(&format!("trigger in {exe}")),
         "the trigger is not named"
     );
+    // The run object: one group per process, each with its own hits and
+    // directory, under the one trigger.
+    let r = run_json(&o);
+    assert_eq!(r["hits"], 6, "{r}");
+    let groups = r["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{r}");
+    for p in [&p1, &p2] {
+        let g = groups
+            .iter()
+            .find(|g| g["tgid"] == p.pid())
+            .unwrap_or_else(|| panic!("no group of pid {}: {r}", p.pid()));
+        assert_eq!(g["trigger"], format!("trigger in {exe}"), "{g}");
+        assert_eq!(g["hits"], 3, "{g}");
+        assert_eq!(g["dirs"], serde_json::json!([p.pid().to_string()]), "{g}");
+    }
+    // The whole run is its groups together.
+    for k in ["moment_samples", "rest_samples"] {
+        let sum: u64 = groups.iter().map(|g| g[k].as_u64().unwrap()).sum();
+        assert_eq!(r[k].as_u64(), Some(sum), "{k}: {r}");
+    }
 }
 
 /// `report` on a `--keep` run in progress: the files perf rotated away

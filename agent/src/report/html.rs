@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::{
     Page,
     embed::{embed, esc, lazy, options},
-    model::{FileReport, HitReport, Status},
+    model::{FileReport, HitReport, Status, anchor},
     moments::{self, Folded},
     offcpu_page, runinfo, timeline_page,
 };
@@ -45,6 +45,7 @@ pub fn page(p: &Page) -> String {
         esc(&p.out.display().to_string())
     );
     run_section(&mut h, p);
+    super::run_view::section(&mut h, p);
     warnings(&mut h, p);
     table(&mut h, p);
     h.push_str(
@@ -324,11 +325,6 @@ fn is_go(p: &Page, f: &FileReport) -> bool {
         .find(|r| r.rel == f.dir)
         .and_then(|r| crate::output::run_file::trigger_of(&p.out, r))
         .is_some_and(|t| t.go)
-}
-
-fn anchor(f: &FileReport, hit: &HitReport) -> String {
-    let dir = f.dir.display().to_string().replace('/', "-");
-    format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
 }
 
 fn display_dir(rel: &std::path::Path) -> String {

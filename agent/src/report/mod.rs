@@ -8,7 +8,8 @@
 //! * [`moments`]: a hit's moment, folding, shares, the differential;
 //! * [`offcpu`]: a hit's off-CPU breakdown and blocked stacks;
 //!   [`offcpu_page`]: their part of the page;
-//! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
+//! * [`html`], [`runinfo`]: the page; [`run_view`]: its view of every hit
+//!   at once, and `--json`'s `run` object; [`write`]: the files in OUT;
 //! * [`run_file`]: `OUT/run.json`, the triggers a capture run records for
 //!   the report.
 //!
@@ -23,6 +24,7 @@ mod model;
 mod moments;
 mod offcpu;
 mod offcpu_page;
+mod run_view;
 mod runinfo;
 mod samples;
 mod timeline;
@@ -93,6 +95,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
                 let _ = writeln!(stdout, "{}", hit_json(&page, f, h, &path));
             }
         }
+        let _ = writeln!(stdout, "{}", run_view::json(&page, &path));
     } else {
         println!("{}", path.display());
     }

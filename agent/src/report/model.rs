@@ -10,7 +10,7 @@ use std::{
 };
 
 use super::{
-    moments::{self, Folded, Span},
+    moments::{self, Folded, Span, ThreadParts},
     offcpu::{self, OffCpuView},
     samples::{self, Samples},
     timeline::{self, Timeline},
@@ -98,6 +98,16 @@ pub struct FileReport {
     pub hits: Vec<HitReport>,
     /// perf's command line, from the file's header.
     pub cmdline: Option<String>,
+    /// The samples of each thread with a hit in the index directory, inside
+    /// and outside the moments of all its hits (the run view's input).
+    pub threads: Vec<ThreadParts>,
+}
+
+/// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
+/// the directory as `-`), stable across reports of the same OUT.
+pub fn anchor(f: &FileReport, hit: &HitReport) -> String {
+    let dir = f.dir.display().to_string().replace('/', "-");
+    format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
 }
 
 /// Reads every file of every index directory, `jobs` at a time.
@@ -145,6 +155,7 @@ fn one_file(
         all_file: run.rel.join(format!("{}.all.folded", snapshot.file)),
         hits: Vec::new(),
         cmdline: None,
+        threads: Vec::new(),
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -159,7 +170,10 @@ fn one_file(
         },
     };
     match read {
-        Ok(s) => fill(&mut rep, &s, window_ns),
+        Ok(s) => {
+            fill(&mut rep, &s, window_ns);
+            rep.threads = moments::split_by_moments(&s, &dir_spans(run, window_ns));
+        }
         Err(status) => rep.status = status,
     }
     // Hits are listed even when their file could not be read.
@@ -192,6 +206,15 @@ fn rotated_away(run: &RunDir, pos: usize) -> bool {
 /// Whether `gone` holds for each of `files`. Pure.
 fn all_gone<'a>(mut files: impl Iterator<Item = &'a str>, gone: impl Fn(&str) -> bool) -> bool {
     files.all(gone)
+}
+
+/// The moments of every hit the index directory lists.
+fn dir_spans(run: &RunDir, window_ns: u64) -> Vec<Span> {
+    run.entries
+        .iter()
+        .flat_map(|e| &e.snapshot.hits)
+        .map(|h| moments::span(h, window_ns))
+        .collect()
 }
 
 fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {

@@ -3,7 +3,9 @@
 //! Every perf command the report runs goes through [`perf_command`], which
 //! points perf at the run's build-id cache (`--buildid-dir OUT/.debug`)
 //! when the run kept one. Why `perf script` rather than a Rust reader of
-//! perf.data: see docs/report.md.
+//! perf.data: see docs/report.md. A snapshot with JIT maps kept
+//! (capture/jit_maps.rs) is read by a perf that sees them at
+//! `/tmp/perf-PID.map` (docs/jit-maps.md).
 
 use std::{
     collections::HashMap,
@@ -139,6 +141,10 @@ pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
 /// checked to be a regular file. Errors carry perf's last message.
 pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samples, String> {
     let fd = file.as_raw_fd();
+    let jit = JitView::of(file, buildid_dir);
+    let buildid_dir = jit
+        .as_ref()
+        .map_or(buildid_dir, |j| j.buildid_dir.as_deref());
     let mut cmd = perf_command(perf, buildid_dir);
     cmd.args([
         "script",
@@ -153,12 +159,19 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    // SAFETY: fcntl is async-signal-safe; it clears FD_CLOEXEC on the
-    // child's copy of the descriptor only.
+    let keep_fds = [Some(fd), jit.as_ref().and_then(|j| j.dir_fd())];
+    // SAFETY: fcntl, and JitView::enter's mount calls, are async-signal-safe;
+    // fcntl clears FD_CLOEXEC on the child's copy of the descriptor only.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                return Err(io::Error::last_os_error());
+            for fd in keep_fds.into_iter().flatten() {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(j) = &jit {
+                // Without CAP_SYS_ADMIN perf reads the host's /tmp.
+                j.enter();
             }
             Ok(())
         });
@@ -188,6 +201,54 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
         return Err(format!("perf script failed ({status}): {}", last.trim()));
     }
     Ok(samples)
+}
+
+/// What perf sees of a snapshot's kept JIT maps: a /tmp of its own, a
+/// tmpfs in a private mount namespace that holds only them, at the names
+/// perf looks for (`/tmp/perf-PID.map`, tools/perf/util/symbol.c
+/// `dso__find_perf_map`). The build-id cache is then given as the
+/// descriptor of its directory, which stays reachable were it under /tmp.
+struct JitView {
+    files: Vec<(std::ffi::CString, Vec<u8>)>,
+    dir: Option<File>,
+    buildid_dir: Option<std::path::PathBuf>,
+}
+
+impl JitView {
+    /// `None` when the snapshot has no kept maps.
+    fn of(file: &File, buildid_dir: Option<&Path>) -> Option<Self> {
+        use crate::capture::jit_maps;
+        let (dir, name) = jit_maps::snapshot_of(file)?;
+        let maps = jit_maps::maps_for(&dir, &name);
+        if maps.is_empty() {
+            return None;
+        }
+        let files = maps
+            .into_iter()
+            .filter_map(|m| {
+                let path = std::ffi::CString::new(format!("/tmp/perf-{}.map", m.pid)).ok()?;
+                Some((path, m.content))
+            })
+            .collect();
+        let dir = buildid_dir.and_then(|d| File::open(d).ok());
+        let buildid_dir = dir
+            .as_ref()
+            .map(|d| format!("/proc/self/fd/{}", d.as_raw_fd()).into());
+        Some(Self {
+            files,
+            dir,
+            buildid_dir,
+        })
+    }
+
+    fn dir_fd(&self) -> Option<i32> {
+        self.dir.as_ref().map(|d| d.as_raw_fd())
+    }
+
+    /// In perf's child, before exec.
+    fn enter(&self) -> bool {
+        crate::sys::mount_ns::tmpfs_with_files(c"/tmp", &self.files)
+    }
 }
 
 /// Parses `perf script -F tid,time,event,trace,ip,sym,dso --ns
