@@ -659,8 +659,10 @@ fn run_view_in_the_browser(b: &mut cdp::Browser) {
         at("before") > at("h"),
         "the hit was in view already: {opened}"
     );
+    // Scrolled to its top, up to a pixel: the section's <details> itself
+    // is the target, and its top lands on a fraction of a pixel.
     assert!(
-        at("after") >= 0.0 && at("after") < at("h") / 2.0,
+        at("after") > -1.0 && at("after") < at("h") / 2.0,
         "not scrolled to: {opened}"
     );
     assert_ne!(opened["open"], false, "its <details> stayed shut: {opened}");
