@@ -448,12 +448,14 @@ const TIMELINE_JS: &str = "Array.from(document.querySelectorAll('.tl')).map(el =
   window.dispatchEvent(ev('mouseup', t.x(h), 5, {shiftKey: true})); \
   const dragged = total(); \
   const exact = t.select(a, h); \
-  const f = t.d.names.indexOf('slow_part'); let hover = null, searched = null; \
-  for (let i = 0; i < t.d.boxes.length; i += 4) if (t.d.boxes[i + 1] === f) { \
-    const x = (t.x(t.d.boxes[i + 2]) + t.x(t.d.boxes[i + 3])) / 2, y = t.chartY + t.d.boxes[i] * 15 + 7; \
+  const f = t.d.names.indexOf('slow_part'); let hover = null, searched = null, w = -1, j = -1; \
+  for (let i = 0; i < t.d.boxes.length; i += 4) \
+    if (t.d.boxes[i + 1] === f && t.d.boxes[i + 3] - t.d.boxes[i + 2] > w) { w = t.d.boxes[i + 3] - t.d.boxes[i + 2]; j = i; } \
+  if (j >= 0) { \
+    const x = (t.x(t.d.boxes[j + 2]) + t.x(t.d.boxes[j + 3])) / 2, y = t.chartY + t.d.boxes[j] * 15 + 7; \
     c.dispatchEvent(ev('mousemove', x, y)); hover = t.tip.textContent; \
     c.dispatchEvent(ev('mousedown', x, y)); window.dispatchEvent(ev('mouseup', x, y)); \
-    searched = document.getElementById('search').value; break; } \
+    searched = document.getElementById('search').value; } \
   return {w: rect.width, h: rect.height, painted, pixels: c.width * c.height, marks, whole, dragged, exact, \
           hover, searched, lanes: t.d.lanes.length, tid: t.d.tid}; })";
 

@@ -204,12 +204,14 @@ function tlFit(c, s, w) {
   return n > 0 ? s.slice(0, n) + "…" : "";
 }
 
-// What is under (x, y): a mark, a box, or a lane's state.
+// What is under (x, y): in the stack chart a box, else a mark near x;
+// above it a mark near x, or a lane's state.
 Timeline.prototype.at = function (x, y) {
   const t = this.t(x);
   const px = (this.v1 - this.v0) / (this.width - TL.label);
   const m = this.d.marks.find((m) => Math.abs(m[1] - t) <= 3 * px);
-  if (m) return { text: `${TL.markName[m[0]]} at ${tlDur(m[1] - this.zero)}` };
+  const mark = m && { text: `${TL.markName[m[0]]} at ${tlDur(m[1] - this.zero)}` };
+  if (mark && y < this.chartY) return mark;
   if (y >= this.chartY) {
     const depth = Math.floor((y - this.chartY) / TL.row);
     const b = this.d.boxes;
@@ -220,7 +222,7 @@ Timeline.prototype.at = function (x, y) {
         return { name, text: `${name}\n${span} (${tlDur(b[i + 3] - b[i + 2])})` };
       }
     }
-    return null;
+    return mark || null;
   }
   const i = Math.floor((y - TL.axis) / (TL.lane + TL.gap));
   const l = this.d.lanes[i];
