@@ -324,12 +324,38 @@ fn screenshot_dir() -> PathBuf {
 #[test]
 fn the_page_works_in_a_real_browser() {
     let run = capture_moments();
-    let o = report(&[], &run.out);
+    let o = report(&["--json"], &run.out);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let hits = hits_json(&o);
     let page = run.out.canonicalize().unwrap().join("report.html");
+    let url = format!("file://{}", page.display());
     let mut b = cdp::Browser::start();
-    b.open(&format!("file://{}", page.display()));
-    // Every flame graph: its size and the names it holds.
+    b.open(&url);
+    // Each hit's section is built when it opens: none is yet.
+    let (sections, built) = (
+        b.eval("document.querySelectorAll('details.hit').length"),
+        b.eval("document.querySelectorAll('iframe.fg:not(.run-diff), .tl canvas').length"),
+    );
+    assert_eq!((sections, built), (Value::from(4), Value::from(0)));
+    b.eval("mtOpenAll().then(() => 0)");
+    flame_graphs(&mut b);
+    off_cpu_bars(&mut b);
+    timelines(&mut b, &hits);
+    search_and_zoom(&mut b);
+    run_view_in_the_browser(&mut b);
+    let dir = screenshot_dir();
+    fs::create_dir_all(&dir).unwrap();
+    let shot = dir.join("report.png");
+    fs::write(&shot, b.screenshot()).unwrap();
+    eprintln!("screenshot: {}", shot.display());
+    let (errors, requests) = b.close();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    // Nothing is loaded from elsewhere: the one request is the page.
+    assert_eq!(requests, [url], "requests");
+}
+
+/// Every flame graph of the (opened) page: its size and the names it holds.
+fn flame_graphs(b: &mut cdp::Browser) {
     let graphs = b.eval(
         "Array.from(document.querySelectorAll('iframe.fg:not(.run-diff)')).map(f => { \
            const d = f.contentDocument; const svg = d && d.querySelector('svg'); \
@@ -372,6 +398,10 @@ fn the_page_works_in_a_real_browser() {
             assert!(has("background_work"), "{kind}: {names:?}");
         }
     }
+}
+
+/// Each hit's bar of on-CPU, runnable, blocked and unknown time.
+fn off_cpu_bars(b: &mut cdp::Browser) {
     // Each hit's bar of on-CPU, runnable, blocked and (when there is some)
     // unknown time: its parts fill it, and the blocked part shows.
     let bars = b.eval(
@@ -393,6 +423,92 @@ fn the_page_works_in_a_real_browser() {
         );
         assert!(w("bl") > 0.0, "{b}");
     }
+}
+
+/// What the browser test does with each hit's timeline: its canvas's
+/// painted pixels and the colour under each mark; a hover over and a click
+/// on a box of `slow_part`; the range graph's total for the whole
+/// snapshot, after a shift-drag from the call's start to the hit, and for
+/// exactly the call (`select`).
+const TIMELINE_JS: &str = "Array.from(document.querySelectorAll('.tl')).map(el => { \
+  const t = el._tl, c = t.canvas, g = c.getContext('2d'), r = c.width / t.width; \
+  const img = g.getImageData(0, 0, c.width, c.height).data; let painted = 0; \
+  for (let i = 3; i < img.length; i += 4) if (img[i]) painted++; \
+  const hex = p => '#' + Array.from(p.slice(0, 3)).map(v => v.toString(16).padStart(2, '0')).join(''); \
+  const marks = t.markX().map(m => ({kind: m.kind, x: m.x, colour: m.colour, \
+    pixel: hex(g.getImageData(Math.round((Math.round(m.x) - 1) * r), Math.round(22 * r), 1, 1).data)})); \
+  const at = k => (t.d.marks.find(m => m[0] === k) || [0, null])[1]; \
+  const rect = c.getBoundingClientRect(); \
+  const ev = (type, x, y, o) => new MouseEvent(type, Object.assign({bubbles: true, clientX: rect.left + x, clientY: rect.top + y}, o)); \
+  const total = () => Number(el.querySelector('.tl-total').textContent); \
+  const whole = total(); \
+  const [a, h] = [at('call_start'), at('hit')]; \
+  c.dispatchEvent(ev('mousedown', t.x(a), 5, {shiftKey: true})); \
+  window.dispatchEvent(ev('mousemove', t.x(h), 5, {shiftKey: true})); \
+  window.dispatchEvent(ev('mouseup', t.x(h), 5, {shiftKey: true})); \
+  const dragged = total(); \
+  const exact = t.select(a, h); \
+  const f = t.d.names.indexOf('slow_part'); let hover = null, searched = null, w = -1, j = -1; \
+  for (let i = 0; i < t.d.boxes.length; i += 4) \
+    if (t.d.boxes[i + 1] === f && t.d.boxes[i + 3] - t.d.boxes[i + 2] > w) { w = t.d.boxes[i + 3] - t.d.boxes[i + 2]; j = i; } \
+  if (j >= 0) { \
+    const x = (t.x(t.d.boxes[j + 2]) + t.x(t.d.boxes[j + 3])) / 2, y = t.chartY + t.d.boxes[j] * 15 + 7; \
+    c.dispatchEvent(ev('mousemove', x, y)); hover = t.tip.textContent; \
+    c.dispatchEvent(ev('mousedown', x, y)); window.dispatchEvent(ev('mouseup', x, y)); \
+    searched = document.getElementById('search').value; } \
+  return {w: rect.width, h: rect.height, painted, pixels: c.width * c.height, marks, whole, dragged, exact, \
+          hover, searched, lanes: t.d.lanes.length, tid: t.d.tid}; })";
+
+/// Each hit's timeline is drawn, with its marks; a range selection
+/// changes the range graph's total, and the call's range holds the
+/// moment's samples; a stack box names its function and searches for it.
+fn timelines(b: &mut cdp::Browser, hits: &[Value]) {
+    let tls = b.eval(TIMELINE_JS);
+    let tls = tls.as_array().expect("an array of timelines");
+    assert_eq!(tls.len(), hits.len(), "{tls:?}");
+    for (t, h) in tls.iter().zip(hits) {
+        let ctx = format!("timeline {t}");
+        let n = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("no {k}: {ctx}"));
+        assert!(n("w") > 300.0 && n("h") > 50.0, "{ctx}");
+        assert_eq!(t["tid"], h["tid"], "{ctx}");
+        assert!(n("lanes") >= 2.0, "the worker thread has a lane too; {ctx}");
+        // Not blank: lanes, boxes and marks cover a part of it.
+        assert!(n("painted") > n("pixels") * 0.05, "{ctx}");
+        let marks = t["marks"].as_array().unwrap();
+        let kinds: Vec<&str> = marks.iter().filter_map(|m| m["kind"].as_str()).collect();
+        assert!(
+            ["call_start", "hit", "switch"]
+                .iter()
+                .all(|k| kinds.contains(k)),
+            "{ctx}"
+        );
+        // Under each mark, its colour (or that of a mark drawn within
+        // 3 px, on top of it).
+        for m in marks {
+            let near =
+                |o: &&Value| (o["x"].as_f64().unwrap() - m["x"].as_f64().unwrap()).abs() < 3.0;
+            assert!(
+                marks.iter().filter(near).any(|o| o["colour"] == m["pixel"]),
+                "mark {m}; {ctx}"
+            );
+        }
+        let moment = h["moment"]["samples"].as_f64().unwrap();
+        assert!(
+            n("whole") > moment,
+            "the thread has samples outside the call; {ctx}"
+        );
+        assert!(n("dragged") < n("whole") && n("dragged") > 0.0, "{ctx}");
+        assert_eq!(n("exact"), moment, "the call's range is the moment; {ctx}");
+        let hover = t["hover"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no slow_part box; {ctx}"));
+        assert!(hover.starts_with("slow_part\n"), "{ctx}");
+        assert_eq!(t["searched"], "slow_part", "{ctx}");
+    }
+}
+
+/// The search box and a click on a frame.
+fn search_and_zoom(b: &mut cdp::Browser) {
     // The page's search box searches every graph: slow_part turns the
     // search colour in each moment.
     let matched = b.eval(
@@ -421,14 +537,64 @@ fn the_page_works_in_a_real_browser() {
            return !d.getElementById('unzoom').classList.contains('hide'); })()",
     );
     assert_eq!(zoomed, Value::Bool(true), "a click did not zoom");
-    run_view_in_the_browser(&mut b);
-    let dir = screenshot_dir();
-    fs::create_dir_all(&dir).unwrap();
-    let shot = dir.join("report.png");
-    fs::write(&shot, b.screenshot()).unwrap();
-    eprintln!("screenshot: {}", shot.display());
-    let errors = b.close();
+}
+
+/// Snapshots in the many-snapshot test: a few hundred rather than issue
+/// 26's 1,000, so the capture and the (debug-built) report stay short in
+/// CI; the bench measures the full size.
+const MANY_SNAPSHOTS: &str = "300";
+
+/// A run of a few hundred snapshots (a trigger every 20 ms, `--cooldown
+/// 0`) gives a page that loads: each section is built only when it opens.
+/// Prints the page's size and its load time (not asserted: the bench's).
+#[test]
+fn a_page_of_many_snapshots_loads() {
+    preflight();
+    let mut t = Target::start(&target_path("target"), &["calls", MANY_SNAPSHOTS, "20"]);
+    let run = capture(&mut t, &["--symbol", "trigger", "--cooldown", "0"]);
+    let hits = run.hits().len();
+    assert!(hits >= 250, "{hits} hits; {}", run.output());
+    let o = report(&[], &run.out);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let page = run.out.canonicalize().unwrap().join("report.html");
+    let url = format!("file://{}", page.display());
+    let mut b = cdp::Browser::start();
+    let t0 = std::time::Instant::now();
+    b.open(&url);
+    eprintln!(
+        "{hits} hits: report.html {} bytes, loaded in {:.2} s",
+        fs::metadata(&page).unwrap().len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let sections = b.eval("document.querySelectorAll('details.hit').length");
+    assert_eq!(sections, Value::from(hits));
+    assert_eq!(
+        b.eval("document.querySelectorAll('iframe.fg:not(.run-diff)').length"),
+        Value::from(0)
+    );
+    // The table's link to the last hit opens its section, which is built.
+    let built = b.eval(
+        "(async () => { const a = Array.from(document.querySelectorAll('table a[href^=\"#hit-\"]')).pop(); \
+           a.click(); const d = document.getElementById(a.getAttribute('href').slice(1)); \
+           await mtBuild(d); \
+           return {open: d.open, graphs: d.querySelectorAll('iframe.fg').length, \
+                   svgs: Array.from(d.querySelectorAll('iframe.fg')).filter(f => f.contentDocument.querySelector('svg')).length, \
+                   timeline: d.querySelector('.tl')._tl.range.total, \
+                   others: document.querySelectorAll('iframe.fg:not(.run-diff)').length}; })()",
+    );
+    assert_eq!(built["open"], true, "{built}");
+    let graphs = built["graphs"].as_u64().unwrap();
+    assert!(graphs >= 2, "{built}");
+    assert_eq!(built["svgs"].as_u64(), Some(graphs), "{built}");
+    assert_eq!(
+        built["others"].as_u64(),
+        Some(graphs),
+        "only that section is built; {built}"
+    );
+    assert!(built["timeline"].as_u64().unwrap() > 0, "{built}");
+    let (errors, requests) = b.close();
     assert!(errors.is_empty(), "console errors: {errors:#?}");
+    assert_eq!(requests, [url], "requests");
 }
 
 /// The run view at the top of the page: its merged differential names
@@ -496,8 +662,10 @@ fn run_view_in_the_browser(b: &mut cdp::Browser) {
         at("before") > at("h"),
         "the hit was in view already: {opened}"
     );
+    // Scrolled to its top, up to a pixel: the section's <details> itself
+    // is the target, and its top lands on a fraction of a pixel.
     assert!(
-        at("after") >= 0.0 && at("after") < at("h") / 2.0,
+        at("after") > -1.0 && at("after") < at("h") / 2.0,
         "not scrolled to: {opened}"
     );
     assert_ne!(opened["open"], false, "its <details> stayed shut: {opened}");

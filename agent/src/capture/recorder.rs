@@ -274,6 +274,13 @@ pub struct Recorder {
     /// The newest completed file, which also has a hidden name
     /// ([`Recorder::keep_newest`]).
     kept: Option<String>,
+    /// Whether [`OPEN_LINK`] names the file perf writes now, the next
+    /// `Dump`'s ([`Recorder::link_open_file`]).
+    open_linked: bool,
+    /// A snapshot whose name perf's later file had taken before its `Dump`
+    /// line was read: (the name, where the later file went). That later
+    /// file's own `Dump` names the first.
+    moved: Option<(String, String)>,
     target_pidfd: Option<OwnedFd>,
     exe_id: Option<(u64, u64)>,
     spin: SpinDetector,
@@ -374,6 +381,8 @@ impl Recorder {
             counters,
             switches: 0,
             kept: None,
+            open_linked: false,
+            moved: None,
             target_pidfd: crate::sys::pidfd::pidfd_open(tgid).ok(),
             exe_id: proc::exe_id(tgid),
             spin: crate::perf::record::SpinDetector::new(Duration::from_secs(2), 0.9),
@@ -433,6 +442,7 @@ impl Recorder {
             return Feedback::default();
         }
         self.phase.perf_ready();
+        self.link_open_file();
         // perf records now: keep the objects the target maps. The flight
         // recorder writes nothing until a hit, so neither does the cache: it
         // holds the files open, and copies them at the first hit.
@@ -658,28 +668,56 @@ impl Recorder {
     }
     /// perf names files by centisecond and its last file, written when the
     /// target exits, can come within 10 ms of the newest snapshot and take
-    /// its name (`rename()` replaces it). The newest completed file keeps a
-    /// second, hidden name (`.NAME.kept`, a hard link) until the next one,
-    /// so [`restore_newest`](Self::restore_newest) can put it back.
+    /// its name (`rename()` replaces it), even before that snapshot's `Dump`
+    /// line is read. The newest completed file keeps a second, hidden name
+    /// (`.NAME.kept`, a hard link) until the next one, so
+    /// [`take_back_name`](Self::take_back_name) can put it back: the link
+    /// perf's open file got when perf opened it ([`OPEN_LINK`]), so it is the
+    /// right file whatever holds the name by now.
     fn keep_newest(&mut self, name: &str) -> String {
-        let name = match self.kept.as_deref() == Some(name) {
+        let name = match (&self.moved, self.kept.as_deref() == Some(name)) {
+            (Some((from, to)), _) if from == name => to.clone(),
             // perf's last file came with a Dump line and took the name.
-            true => self.take_back_name().unwrap_or_else(|| name.to_string()),
-            false => name.to_string(),
+            (_, true) => self.take_back_name().unwrap_or_else(|| name.to_string()),
+            _ => name.to_string(),
         };
+        self.moved = None;
         if let Some(old) = self.kept.take() {
             let _ = fs::remove_file(self.dir.join(kept_name(&old)));
         }
-        if fs::hard_link(self.dir.join(&name), self.dir.join(kept_name(&name))).is_ok() {
+        let kept = self.dir.join(kept_name(&name));
+        let open = self.dir.join(OPEN_LINK);
+        let linked = (std::mem::take(&mut self.open_linked) && fs::rename(&open, &kept).is_ok())
+            || fs::hard_link(self.dir.join(&name), &kept).is_ok();
+        if linked {
             self.kept = Some(name.clone());
         }
+        // A later file already took the name: the snapshot gets it back.
+        if linked
+            && !same_file(&self.dir.join(&name), &kept)
+            && let Some(next) = self.take_back_name()
+        {
+            self.moved = Some((name.clone(), next));
+        }
+        self.link_open_file();
         name
+    }
+
+    /// Gives the file perf writes now a hidden name, [`OPEN_LINK`]: done at
+    /// perf's first ack and at each `Dump`, before another switch can be
+    /// asked for, so it is the file the next `Dump` will name.
+    fn link_open_file(&mut self) {
+        let open = self.dir.join(OPEN_LINK);
+        let _ = fs::remove_file(&open);
+        self.open_linked = fs::hard_link(self.dir.join("perf.data"), &open).is_ok();
     }
 
     /// perf has exited: its last file may have taken the newest snapshot's
     /// name without a Dump line.
     fn restore_newest(&mut self) {
         self.take_back_name();
+        let _ = fs::remove_file(self.dir.join(OPEN_LINK));
+        self.open_linked = false;
     }
 
     /// If perf's newest file took the name of the newest snapshot, that
@@ -688,10 +726,9 @@ impl Recorder {
     fn take_back_name(&mut self) -> Option<String> {
         let name = self.kept.take()?;
         let (path, kept) = (self.dir.join(&name), self.dir.join(kept_name(&name)));
-        let ino =
-            |p: &std::path::Path| fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-        if let (Ok(now), Ok(was)) = (ino(&path), ino(&kept))
-            && now != was
+        if path.exists()
+            && kept.exists()
+            && !same_file(&path, &kept)
             && let Some(next) = next_free_name(&self.dir, &name)
             && fs::rename(&path, self.dir.join(&next)).is_ok()
         {
@@ -1064,6 +1101,18 @@ impl Indexer {
 }
 
 /// The hidden second name of the newest completed file.
+/// Whether two paths name one file (the same inode on the same device).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// The hidden second name of the file perf writes now.
+const OPEN_LINK: &str = ".perf.data.open";
+
 fn kept_name(name: &str) -> String {
     format!(".{name}.kept")
 }

@@ -32,6 +32,7 @@ mod run_view;
 mod runinfo;
 mod samples;
 mod timeline;
+mod timeline_page;
 mod wall_clock;
 
 use std::{

@@ -15,6 +15,7 @@ use super::{
     profiles::{self, Profiles},
     samples::{self, Samples},
     timeline::{self, Timeline},
+    timeline_page::{self, ThreadSamples},
 };
 use crate::output::{
     index::{IndexedHit, SnapshotLine},
@@ -76,6 +77,9 @@ pub struct HitReport {
     pub off_cpu: Option<OffCpuView>,
     /// The moment in time order; `None` when the file was not read.
     pub timeline: Option<Timeline>,
+    /// The hit thread's samples in the snapshot, for the page's range
+    /// flame graph (empty when the file was not read).
+    pub thread_samples: ThreadSamples,
 }
 
 /// One snapshot file.
@@ -243,6 +247,7 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
         timeline: None,
+        thread_samples: ThreadSamples::default(),
     }
 }
 
@@ -273,6 +278,7 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
         if let Some(o) = hr.off_cpu.as_mut() {
             offcpu::add_stacks(o, s, h.tid);
         }
+        hr.thread_samples = timeline_page::thread_samples(s, h.tid);
         hr.timeline = Some(timeline::compute(s, h, &rep.line.snapshot, &sp));
         rep.hits.push(hr);
     }

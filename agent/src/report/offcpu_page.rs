@@ -198,6 +198,7 @@ mod tests {
             moment_file: file,
             off_cpu: Some(o),
             timeline: None,
+            thread_samples: Default::default(),
         }
     }
 
