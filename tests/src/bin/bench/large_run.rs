@@ -58,7 +58,7 @@ fn open_in_chromium(page: &Path) -> Result<(f64, Option<f64>, usize), String> {
         let load = b
             .eval("performance.getEntriesByType('navigation')[0].loadEventEnd")
             .as_f64();
-        let errors = b.close().len();
+        let errors = b.close().0.len();
         (secs, load, errors)
     }))
     .map_err(|e| {
