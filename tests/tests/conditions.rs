@@ -107,6 +107,43 @@ fn slower_than_triggers_at_the_return_of_slow_calls() {
         assert_eq!(n(&h["retval"]), 2 * n(&h["args"][0]), "{h}");
     }
     assert_eq!(n(&counters(&run)["dropped"]["duration"]), 47);
+    // A C process with frame-pointer stacks: the uretprobe is proven
+    // harmless and chosen (one trap per return instead of two).
+    assert_returns(&run, "uretprobe", None);
+}
+
+/// The `armed` event says how the returns are seen, and why not by a
+/// uretprobe (a phrase the reason contains).
+fn assert_returns(run: &Run, how: &str, why: Option<&str>) {
+    let armed = run.entries("armed");
+    let a = armed.first().unwrap_or_else(|| panic!("{}", run.output()));
+    assert_eq!(a["returns"], how, "{a}");
+    match why {
+        Some(w) => assert!(
+            a["returns_why"].as_str().is_some_and(|r| r.contains(w)),
+            "{a}"
+        ),
+        None => assert!(a["returns_why"].is_null(), "{a}"),
+    }
+}
+
+#[test]
+fn probe_rets_keeps_the_uprobes_on_each_ret() {
+    let mut t = Target::start(&target_path("target"), &["slow", "50"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "25ms",
+            "--cooldown",
+            "0",
+            "--probe-rets",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    assert_returns(&run, "ret", Some("--probe-rets"));
 }
 
 /// Back-to-back calls of 150 ms (CPU-bound and sleeping, alternately) of
@@ -335,6 +372,9 @@ fn cpp_exceptions_through_a_timed_function() {
             "0",
         ],
     );
+    // The C++ runtime is mapped: no uretprobe, whose frame an exception
+    // could not unwind through.
+    assert_returns(&run, "ret", Some("exceptions"));
     // The program survived and caught every exception.
     assert!(
         t.proc.stdout().iter().any(|l| l == "caught 10"),
@@ -402,6 +442,7 @@ fn go_register_abi_and_moving_stacks() {
     for h in run.hits() {
         assert_eq!(n(&h["retval"]), n(&h["args"][0]) + 1, "{h}");
     }
+    assert_returns(&run, "ret", Some("Go"));
 
     // --use-uretprobe is refused on Go.
     let idle = Target::start(&bin, &["calls", "1", "1"]);

@@ -119,12 +119,15 @@ fn prepare(
         std::thread::spawn(move || perf::binary::perf_version(&p))
     };
     // Resolve every trigger before creating anything.
-    let resolved = resolve_all(plan, printer)?;
+    let mut resolved = resolve_all(plan, printer)?;
     let unwinding = decide_unwinding(
         args,
         &plan.settings,
         resolved.iter().map(|r| (&r.res, &r.watch)),
     )?;
+    for (t, r) in plan.triggers.iter().zip(&mut resolved) {
+        choose_uretprobe(t, r, &unwinding, printer);
+    }
     printer.verbose(&format!(
         "stacks: --call-graph {} ({})",
         unwinding.mode, unwinding.reason
@@ -265,6 +268,8 @@ struct Resolved {
     watch: Watch,
     /// The return probes (`--slower-than`).
     returns: Vec<Uprobe>,
+    /// Why the returns are seen by uprobes on `ret`s, not a uretprobe.
+    returns_why: Option<String>,
     cfg: agent_common::TriggerConfig,
 }
 
@@ -320,6 +325,7 @@ fn resolve_all(plan: &Plan, printer: &Printer) -> Result<Vec<Resolved>, Failure>
             res,
             watch,
             returns,
+            returns_why: None,
             cfg,
         });
     }
@@ -453,6 +459,11 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         object: res.object.path.clone(),
         attach_offset: res.attach_offset,
         uprobes: 1 + r.returns.len(),
+        returns: r
+            .returns
+            .first()
+            .map(|u| if u.is_uretprobe() { "uretprobe" } else { "ret" }),
+        returns_why: r.returns_why.clone(),
         cost: res.cost.clone(),
         output: out.to_path_buf(),
         time_to_armed_ms: 0.0,
@@ -691,6 +702,85 @@ fn plan_returns(
             offset,
         })
         .collect())
+}
+
+/// For `--slower-than` without `--use-uretprobe`: sees the returns with a
+/// uretprobe instead of the uprobes on each `ret` when no process the
+/// uprobes reach can be harmed by one
+/// ([`symbols::uretprobe_safety::process_hazard`]) and stacks are unwound
+/// with frame pointers (the kernel gives a frame-pointer stack the real
+/// return address; a DWARF stack is cut at the trampoline), docs/uprobe-cost.md.
+fn choose_uretprobe(
+    t: &TriggerPlan,
+    r: &mut Resolved,
+    unwinding: &unwind::Unwinding,
+    printer: &Printer,
+) {
+    if !r.returns.iter().any(|u| u.program == Program::Return) {
+        return;
+    }
+    let why = uretprobe_hazard(t, r, unwinding);
+    let f = &r.res.function.demangled;
+    match &why {
+        None => {
+            printer.verbose(&format!(
+                "--slower-than: the returns of {f} are seen by a uretprobe (no process it reaches \
+                 raises exceptions, runs Go, switches stacks or loads code later)"
+            ));
+            r.returns = vec![Uprobe {
+                program: Program::Uretprobe,
+                offset: r.res.attach_offset,
+            }];
+        }
+        Some(why) => printer.verbose(&format!(
+            "--slower-than: the returns of {f} are seen by uprobes on {} `ret`(s), single-stepped \
+             (a uretprobe would cost less, but is not proven harmless: {why})",
+            r.returns.len()
+        )),
+    }
+    r.returns_why = why;
+}
+
+/// Why a uretprobe is not proven harmless for this trigger, if it is not.
+fn uretprobe_hazard(
+    t: &TriggerPlan,
+    r: &Resolved,
+    unwinding: &unwind::Unwinding,
+) -> Option<String> {
+    use crate::symbols::uretprobe_safety::{process_hazard, processes_mapping};
+    if t.probe_rets {
+        return Some("--probe-rets".into());
+    }
+    if r.res.is_go {
+        return Some("the function is Go's (its runtime walks and moves stacks)".into());
+    }
+    let Watch::Pid(pid) = r.watch else {
+        return Some(
+            "--exe: the processes it will trace cannot be checked before they start".into(),
+        );
+    };
+    let mut pids = vec![pid];
+    if r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0 {
+        // File-wide uprobes: every process that maps the executable.
+        let o = &r.res.object;
+        pids.extend(
+            processes_mapping(o.inode, &o.path)
+                .into_iter()
+                .filter(|p| *p != pid),
+        );
+    }
+    let hazard = pids
+        .iter()
+        .find_map(|p| process_hazard(*p).map(|h| format!("in process {p}, {h}")));
+    hazard.or_else(|| {
+        (unwinding.mode != "fp").then(|| {
+            format!(
+                "stacks are unwound with --call-graph {}, which a pending uretprobe cuts at the \
+                 kernel's trampoline",
+                unwinding.mode
+            )
+        })
+    })
 }
 
 /// The file offsets of a function's `ret` instructions, its `.cold` part
