@@ -115,8 +115,7 @@ fn slower_than_triggers_at_the_return_of_slow_calls() {
 /// The `armed` event says how the returns are seen, and why not by a
 /// uretprobe (a phrase the reason contains).
 fn assert_returns(run: &Run, how: &str, why: Option<&str>) {
-    let armed = run.entries("armed");
-    let a = armed.first().unwrap_or_else(|| panic!("{}", run.output()));
+    let a = armed_event(&run.stdout).unwrap_or_else(|| panic!("{}", run.output()));
     assert_eq!(a["returns"], how, "{a}");
     match why {
         Some(w) => assert!(
@@ -520,7 +519,10 @@ fn a_tail_jump_warning_suggests_the_uretprobe() {
         "--duration",
         "1s",
     ];
-    let run = Agent::start(&base).finish(FINISH);
+    // The `ret` probes miss the tail jump.
+    let mut rets = base.to_vec();
+    rets.push("--probe-rets");
+    let run = Agent::start(&rets).finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let warning = run
         .stderr
@@ -532,14 +534,17 @@ fn a_tail_jump_warning_suggests_the_uretprobe() {
         "{warning}"
     );
     assert!(warning.contains("--use-uretprobe"), "{warning}");
-    // With the uretprobe there is nothing to warn of.
-    let mut with = base.to_vec();
-    with.push("--use-uretprobe");
-    let run = Agent::start(&with).finish(FINISH);
-    assert_eq!(run.code, Some(0), "{}", run.output());
-    assert!(
-        !run.stderr.iter().any(|l| l.contains("tail jump")),
-        "{}",
-        run.output()
-    );
+    // With the uretprobe, forced or chosen (a C target), there is nothing
+    // to warn of.
+    let mut forced = base.to_vec();
+    forced.push("--use-uretprobe");
+    for args in [&base[..], &forced] {
+        let run = Agent::start(args).finish(FINISH);
+        assert_eq!(run.code, Some(0), "{}", run.output());
+        assert!(
+            !run.stderr.iter().any(|l| l.contains("tail jump")),
+            "{}",
+            run.output()
+        );
+    }
 }

@@ -270,6 +270,8 @@ struct Resolved {
     returns: Vec<Uprobe>,
     /// Why the returns are seen by uprobes on `ret`s, not a uretprobe.
     returns_why: Option<String>,
+    /// What the `ret` uprobes miss (tail jumps), warned of if they stay.
+    ret_warning: Option<String>,
     cfg: agent_common::TriggerConfig,
 }
 
@@ -298,7 +300,7 @@ fn resolve_all(plan: &Plan, printer: &Printer) -> Result<Vec<Resolved>, Failure>
         for note in &res.notes {
             printer.warning(note);
         }
-        let returns = plan_returns(t, &res, printer)?;
+        let (returns, ret_warning) = plan_returns(t, &res, printer)?;
         let mut cfg = trigger_config(&t.filters, res.is_go)?;
         if matches!(watch, Watch::Exe { .. }) {
             // Many processes fire this trigger: each keeps its own cooldown,
@@ -326,6 +328,7 @@ fn resolve_all(plan: &Plan, printer: &Printer) -> Result<Vec<Resolved>, Failure>
             watch,
             returns,
             returns_why: None,
+            ret_warning,
             cfg,
         });
     }
@@ -659,14 +662,15 @@ fn exe_identity(path: &Path) -> Result<(u64, u64), Failure> {
     Ok((m.dev(), m.ino()))
 }
 
-/// For `--slower-than`: the uprobes that see the returns.
+/// For `--slower-than`: the uprobes that see the returns, and, for `ret`
+/// uprobes, a warning of the exits they miss.
 fn plan_returns(
     t: &TriggerPlan,
     res: &Resolution,
     printer: &Printer,
-) -> Result<Vec<Uprobe>, Failure> {
+) -> Result<(Vec<Uprobe>, Option<String>), Failure> {
     if t.filters.slower_than.is_none() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     if res.probe_offset > 0 {
         // The entry probe would see the stack pointer after the prologue's
@@ -689,19 +693,21 @@ fn plan_returns(
             "--use-uretprobe: a uretprobe replaces the return address, which breaks C++ exception \
              unwinding through the function (sourceware bug 12275); prefer the default",
         );
-        return Ok(vec![Uprobe {
+        let uretprobe = Uprobe {
             program: Program::Uretprobe,
             offset: res.attach_offset,
-        }]);
+        };
+        return Ok((vec![uretprobe], None));
     }
-    let offsets = ret_offsets(res, printer)?;
-    Ok(offsets
+    let (offsets, warning) = ret_offsets(res)?;
+    let probes = offsets
         .into_iter()
         .map(|offset| Uprobe {
             program: Program::Return,
             offset,
         })
-        .collect())
+        .collect();
+    Ok((probes, warning))
 }
 
 /// For `--slower-than` without `--use-uretprobe`: sees the returns with a
@@ -732,11 +738,16 @@ fn choose_uretprobe(
                 offset: r.res.attach_offset,
             }];
         }
-        Some(why) => printer.verbose(&format!(
-            "--slower-than: the returns of {f} are seen by uprobes on {} `ret`(s), single-stepped \
-             (a uretprobe would cost less, but is not proven harmless: {why})",
-            r.returns.len()
-        )),
+        Some(why) => {
+            printer.verbose(&format!(
+                "--slower-than: the returns of {f} are seen by uprobes on {} `ret`(s), \
+                 single-stepped (a uretprobe would cost less, but is not proven harmless: {why})",
+                r.returns.len()
+            ));
+            if let Some(w) = &r.ret_warning {
+                printer.warning(w);
+            }
+        }
     }
     r.returns_why = why;
 }
@@ -784,8 +795,8 @@ fn uretprobe_hazard(
 }
 
 /// The file offsets of a function's `ret` instructions, its `.cold` part
-/// included; a warning names the exits no probe sees.
-fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure> {
+/// included, and a warning naming the exits no probe sees, if any.
+fn ret_offsets(res: &Resolution) -> Result<(Vec<u64>, Option<String>), Failure> {
     let f = &res.function;
     let cold_range: Vec<(u64, u64)> = res
         .cold
@@ -813,17 +824,17 @@ fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure>
             f.demangled
         )));
     }
-    if tail_jumps + indirect > 0 {
-        printer.warning(&format!(
+    let warning = (tail_jumps + indirect > 0).then(|| {
+        format!(
             "--slower-than: {} return(s) probed; {tail_jumps} tail jump(s) and {indirect} indirect \
              jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return). \
              --use-uretprobe times every return (refused on Go; it breaks C++ exception unwinding \
              through the function)",
             offsets.len(),
             f.demangled
-        ));
-    }
-    Ok(offsets)
+        )
+    });
+    Ok((offsets, warning))
 }
 
 /// CPU time this process has used (user + system, all threads), seconds.
