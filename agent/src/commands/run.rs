@@ -723,6 +723,14 @@ fn choose_uretprobe(
     printer: &Printer,
 ) {
     if !r.returns.iter().any(|u| u.program == Program::Return) {
+        if r.returns.iter().any(Uprobe::is_uretprobe) && unwinding.mode != "fp" {
+            printer.warning(&format!(
+                "--use-uretprobe with --call-graph {}: a sample taken while a call is pending \
+                 ends its stack at the uretprobe's trampoline ([unknown]); --call-graph fp \
+                 keeps it whole",
+                unwinding.mode
+            ));
+        }
         return;
     }
     let why = uretprobe_hazard(t, r, unwinding);
