@@ -791,15 +791,23 @@ fn uretprobe_hazard(
     let hazard = pids
         .iter()
         .find_map(|p| process_hazard(*p).map(|h| format!("in process {p}, {h}")));
-    hazard.or_else(|| {
-        (unwinding.mode != "fp").then(|| {
-            format!(
-                "stacks are unwound with --call-graph {}, which a pending uretprobe cuts at the \
-                 kernel's trampoline",
-                unwinding.mode
-            )
+    hazard
+        .or_else(|| {
+            (unwinding.mode != "fp").then(|| {
+                format!(
+                    "stacks are unwound with --call-graph {}, which a pending uretprobe cuts at \
+                     the kernel's trampoline",
+                    unwinding.mode
+                )
+            })
         })
-    })
+        .or_else(|| {
+            t.off_cpu.is_some().then(|| {
+                "the off-CPU breakdown's stacks are DWARF copies, which a pending uretprobe cuts \
+                 at the kernel's trampoline (--no-off-cpu lets mt-agent choose the uretprobe)"
+                    .into()
+            })
+        })
 }
 
 /// The file offsets of a function's `ret` instructions, its `.cold` part

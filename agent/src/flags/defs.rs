@@ -284,10 +284,10 @@ pub struct TriggerOptions {
     pub when: Vec<String>,
 
     /// Trigger at the return of calls that lasted at least DURATION. The
-    /// returns are seen by a uretprobe where mt-agent proves it harmless (a
-    /// C process with frame-pointer stacks: no exceptions, no Go, no stack
-    /// switching, no dlopen; docs/uprobe-cost.md), else by uprobes on each
-    /// `ret` instruction (~6 µs more per call).
+    /// returns are seen by uprobes on each `ret` instruction (~6 µs a call),
+    /// or by a uretprobe (~1 µs) where mt-agent proves it harmless: a C
+    /// process (no exceptions, Go, stack switching or dlopen) with
+    /// frame-pointer stacks and --no-off-cpu (docs/uprobe-cost.md).
     #[arg(long, value_name = "DURATION", value_parser = duration_text)]
     pub slower_than: Option<String>,
 

@@ -131,12 +131,13 @@ const SETUPS: [&str; 9] = [
 /// hit passes the thread and argument tests (arg0 is the loop index) and
 /// `--every` rejects it, so the whole in-kernel filter runs on each call;
 /// `--slower-than` adds a duration never reached and the probes that see the
-/// returns: the agent's choice (a uretprobe where it proves it safe,
+/// returns: the agent's choice (with `--no-off-cpu`, whose DWARF switch
+/// stacks would keep the `ret` probes: a uretprobe where it proves it safe,
 /// docs/uprobe-cost.md), forced uprobes on each `ret` (`--probe-rets`), or a
 /// forced uretprobe (`--use-uretprobe`).
 fn condition_args(setup: &str, tid: i32) -> Vec<String> {
     let slower = |extra: &[&str]| {
-        let mut v: Vec<String> = vec!["--slower-than".into(), "10s".into()];
+        let mut v: Vec<String> = vec!["--slower-than".into(), "10s".into(), "--no-off-cpu".into()];
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
@@ -1611,7 +1612,7 @@ fn print_tables(r: &Value) {
     }
     println!("\n### What conditions add per call, ns above plain mt-agent ({reps})\n");
     println!(
-        "| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than (the agent's choice) | + --slower-than --probe-rets (uprobe on each ret) | + --slower-than --use-uretprobe | floor |"
+        "| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than --no-off-cpu (the agent's choice) | + --probe-rets (uprobe on each ret) | + --use-uretprobe | floor |"
     );
     println!("|---|---|---|---|---|---|---|");
     for row in r["overhead"].as_array().into_iter().flatten() {
