@@ -5,7 +5,8 @@
 //! in `.dynsym`; and a stripped copy whose `trigger` is static, with separate
 //! debug info found through `.gnu_debuglink`. `unwind.c`: two builds with
 //! different function names, and one without frame pointers. `offcpu.c`:
-//! the off-CPU breakdown's target (blocked, runnable and ping-pong modes).
+//! the off-CPU breakdown's target (blocked, runnable and ping-pong modes),
+//! and a build of it without frame pointers.
 
 use std::{env, path::PathBuf, process::Command};
 
@@ -104,6 +105,12 @@ fn main() {
         .args(cflags)
         .arg("-o")
         .arg(o("offcpu"))
+        .arg(s("offcpu.c")));
+    // The same without frame pointers: the agent unwinds it with DWARF
+    // (the report's timeline test).
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-pthread", "-o"])
+        .arg(o("offcpu_nofp"))
         .arg(s("offcpu.c")));
     run(Command::new("g++")
         .args(cflags)

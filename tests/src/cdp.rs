@@ -35,6 +35,8 @@ pub struct Browser {
     session: String,
     /// Console errors, exceptions and error log entries seen so far.
     errors: Vec<String>,
+    /// URLs of every request the page (and its frames) made.
+    requests: Vec<String>,
     _profile: tempfile::TempDir,
 }
 
@@ -102,6 +104,7 @@ impl Browser {
             next_id: 0,
             session: String::new(),
             errors: Vec::new(),
+            requests: Vec::new(),
             _profile: profile,
         };
         let target = b.call(None, "Target.createTarget", json!({"url": "about:blank"}));
@@ -112,7 +115,12 @@ impl Browser {
             json!({"targetId": id, "flatten": true}),
         );
         b.session = att["sessionId"].as_str().expect("sessionId").to_string();
-        for m in ["Runtime.enable", "Page.enable", "Log.enable"] {
+        for m in [
+            "Runtime.enable",
+            "Page.enable",
+            "Log.enable",
+            "Network.enable",
+        ] {
             b.page(m, json!({}));
         }
         b
@@ -152,10 +160,13 @@ impl Browser {
         self.call(Some(&s), method, params)
     }
 
-    /// Keeps what counts as an error in the page.
+    /// Keeps what counts as an error in the page, and the requests.
     fn event(&mut self, v: &Value) {
         let p = &v["params"];
         match v["method"].as_str() {
+            Some("Network.requestWillBeSent") => self
+                .requests
+                .push(p["request"]["url"].as_str().unwrap_or("?").to_string()),
             Some("Runtime.exceptionThrown") => self.errors.push(p["exceptionDetails"].to_string()),
             Some("Runtime.consoleAPICalled") if p["type"] == "error" => {
                 self.errors.push(p["args"].to_string())
@@ -212,15 +223,19 @@ impl Browser {
         base64_decode(r["data"].as_str().expect("screenshot data"))
     }
 
-    /// Closes the browser; returns the errors the page met.
-    pub fn close(mut self) -> Vec<String> {
+    /// Closes the browser; returns the errors the page met, and the URLs
+    /// of the requests it made (the page's own included).
+    pub fn close(mut self) -> (Vec<String>, Vec<String>) {
         // Events still queued.
         while let Ok(v) = self.from.try_recv() {
             self.event(&v);
         }
         self.call(None, "Browser.close", json!({}));
         let _ = self.proc.wait(Duration::from_secs(10));
-        std::mem::take(&mut self.errors)
+        (
+            std::mem::take(&mut self.errors),
+            std::mem::take(&mut self.requests),
+        )
     }
 }
 

@@ -25,6 +25,7 @@ use serde_json::Value;
 
 pub use tempfile::TempDir;
 
+pub mod bench_md;
 pub mod cdp;
 
 /// Our eBPF program names as the kernel lists them.
@@ -660,6 +661,30 @@ pub fn uprobe_events() -> String {
 /// exited but not been reaped).
 pub fn alive(pid: i32) -> bool {
     status_field(pid, "State").is_some_and(|s| !s.starts_with('Z'))
+}
+
+/// Whether `pid`, a process that burns CPU, still runs: its CPU time
+/// (utime + stime, /proc/PID/stat fields 14 and 15, in clock ticks) grows
+/// within `within`, and it is no zombie. A stopped process (`T`) is alive
+/// but fails this. Give a loose `within`: on 2 loaded cores a runnable
+/// process can wait for a CPU, but not for seconds.
+pub fn runs_on(pid: i32, within: Duration) -> bool {
+    let stat = PathBuf::from(format!("/proc/{pid}/stat"));
+    let cpu = || -> Option<u64> {
+        let ticks = |n| stat_field(&stat, n)?.parse::<u64>().ok();
+        Some(ticks(14)? + ticks(15)?)
+    };
+    let Some(start) = cpu() else {
+        return false;
+    };
+    let end = Instant::now() + within;
+    while Instant::now() < end && alive(pid) {
+        thread::sleep(Duration::from_millis(50));
+        if cpu().is_some_and(|c| c > start) {
+            return alive(pid);
+        }
+    }
+    false
 }
 
 /// Samples a process's TracerPid and state every 10 ms until stopped;

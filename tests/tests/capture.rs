@@ -147,8 +147,15 @@ fn ctrl_c_on_the_process_group_is_a_clean_end() {
     );
     assert!(s["end"].as_str().unwrap().contains("SIGINT"), "{s}");
     run.assert_index_consistent();
-    // The target was not touched: it runs on (a zombie would have died).
+    // The target was not touched: it runs on (a zombie would have died, a
+    // stopped target would be alive but gain no CPU time). It burns CPU
+    // between calls; 10 s is loose for 2 loaded cores.
     assert!(alive(t.pid()), "{:?}", status_field(t.pid(), "State"));
+    assert!(
+        runs_on(t.pid(), Duration::from_secs(10)),
+        "the target does not run on after the agent's end: {:?}",
+        status_field(t.pid(), "State")
+    );
 }
 
 #[test]

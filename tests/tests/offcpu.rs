@@ -477,12 +477,21 @@ fn heaviest_blocked_stacks(run: &Run) -> Vec<(PathBuf, Vec<String>, u64)> {
         .collect()
 }
 
-/// The report's off-CPU folded file has `wait_part` on top of its heaviest
-/// stack.
+/// The report of the blocked target built without frame pointers (so the
+/// agent unwinds with DWARF): the off-CPU folded file has `wait_part` on
+/// top of its heaviest stack, and each hit's timeline shows the call in
+/// order: on CPU in compute_part first, then blocked.
 #[test]
-fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
-    let mut t = Target::start(&offcpu(), &["blocked", "3"]);
+fn the_report_of_a_blocked_call_has_wait_part_on_top_and_its_timeline_in_order() {
+    let mut t = Target::start(&target_path("offcpu_nofp"), &["blocked", "3"]);
     let run = capture(&mut t, BLOCKED_CALL);
+    let armed = armed_event(&run.stdout).expect("an armed event");
+    assert!(
+        armed["unwinding"]["mode"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("dwarf")),
+        "{armed}"
+    );
     let kernel = kernel_symbols();
     // Kernel frames may be kept (flame-graph tools mark them `_[k]`); above
     // wait_part there must be nothing else.
@@ -507,6 +516,163 @@ fn the_report_puts_wait_part_on_top_of_the_off_cpu_flame_graph() {
             weight >= 90_000,
             "{}: {top:?} weighs {weight} µs",
             f.display()
+        );
+    }
+    let hits = report_json(&run.out);
+    assert_eq!(hits.len(), 3, "one hit per slow call");
+    for h in &hits {
+        timeline_in_order(h);
+    }
+}
+
+/// `mt-agent report OUT --json`: one object per hit.
+fn report_json(out: &Path) -> Vec<Value> {
+    let o = Command::new(agent_bin())
+        .args(["report", "--json"])
+        .arg(out)
+        .output()
+        .expect("mt-agent report");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "mt-agent report --json: {}{stdout}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The total length of `[start, end]` intervals inside `[from, to]`, ns.
+fn inside(list: &[Value], from: u64, to: u64) -> u64 {
+    list.iter()
+        .map(|i| (n(&i[0]).max(from), n(&i[1]).min(to)))
+        .filter(|(a, z)| z > a)
+        .map(|(a, z)| z - a)
+        .sum()
+}
+
+/// One slow call's timeline (its `--json` `timeline`): the hit's thread's
+/// lane first, on CPU in the first part of the call, blocked through most
+/// of the rest, and the stack chart's boxes in the first part naming
+/// compute_part.
+fn timeline_in_order(h: &Value) {
+    let tl = &h["timeline"];
+    let (c1, tid) = (n(&h["ktime_ns"]), n(&h["tid"]));
+    let c0 = c1 - n(&h["duration_ns"]);
+    let lane = &tl["lanes"][0];
+    assert_eq!(n(&lane["tid"]), tid, "the hit's lane first: {tl}");
+    assert!(n(&tl["from_ns"]) <= c0 && n(&tl["to_ns"]) >= c1, "{tl}");
+    let marks: Vec<(&str, u64)> = tl["marks"]
+        .as_array()
+        .expect("marks")
+        .iter()
+        .map(|m| (m["kind"].as_str().unwrap_or(""), n(&m["t_ns"])))
+        .collect();
+    assert!(
+        marks.contains(&("call_start", c0)) && marks.contains(&("hit", c1)),
+        "{marks:?}"
+    );
+    assert!(
+        marks.iter().any(|m| m.0 == "switch" && m.1 >= c1),
+        "{marks:?}"
+    );
+    let list = |k: &str| {
+        lane[k]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {k}: {lane}"))
+    };
+    // The wait: the longest blocked interval in the call. wait_part sleeps
+    // until the waker's 100 ms nanosleep ends (see the blocked test).
+    let wait = list("blocked")
+        .iter()
+        .map(|i| (n(&i[0]).max(c0), n(&i[1]).min(c1)))
+        .max_by_key(|(a, z)| z.saturating_sub(*a))
+        .expect("a blocked interval");
+    assert!(wait.1 - wait.0 >= 90 * MS, "wait {wait:?}: {tl}");
+    // Before it, compute_part's 20 ms of CPU time (10 ms at least: the
+    // bounds of the blocked test); after it only the returns from
+    // wait_part and slow_call, µs (2 ms: room for a timer tick).
+    let on = list("on_cpu");
+    let (before, after) = (inside(on, c0, wait.0), inside(on, wait.1, c1));
+    assert!(
+        before >= 10 * MS,
+        "on CPU {before} ns before the wait: {lane}"
+    );
+    assert!(after <= 2 * MS, "on CPU {after} ns after the wait: {lane}");
+    // Blocked covers most of the rest of the call (the rest is the return).
+    let blocked = inside(list("blocked"), wait.0, c1);
+    eprintln!(
+        "TIMELINE tid {tid}: call {:.1} ms, wait from {:.1} ms for {:.1} ms; on CPU {:.1} ms before, \
+         {:.3} ms after (index: {:.1} ms in the call, timeline {:.1}); blocked {:.1} ms of the rest",
+        (c1 - c0) as f64 / 1e6,
+        (wait.0 - c0) as f64 / 1e6,
+        (wait.1 - wait.0) as f64 / 1e6,
+        before as f64 / 1e6,
+        after as f64 / 1e6,
+        n(&h["on_cpu_ns"]) as f64 / 1e6,
+        inside(on, c0, c1) as f64 / 1e6,
+        blocked as f64 / 1e6,
+    );
+    assert!(
+        blocked * 10 >= (c1 - wait.0) * 9,
+        "blocked {blocked} ns of {} ns",
+        c1 - wait.0
+    );
+    // The lane and the index's breakdown are cut from the same switch
+    // records by the same rule (crate::perf::offcpu): inside the call they
+    // agree to the ns.
+    for (k, figure) in [
+        ("on_cpu", "on_cpu_ns"),
+        ("runnable", "runnable_ns"),
+        ("blocked", "blocked_ns"),
+    ] {
+        assert_eq!(inside(list(k), c0, c1), n(&h[figure]), "{k}: {lane}\n{h}");
+    }
+    chart_names_compute_part(&tl["stack_chart"], c0, wait.0);
+}
+
+/// The stack chart's boxes in `[c0, wait]` (the call's first part) name
+/// compute_part, under slow_call (DWARF unwound the stack), and none
+/// reaches into the wait beyond one sample period (a box ends one period
+/// after its last sample; 3 ms: the 999 Hz period with room).
+fn chart_names_compute_part(chart: &Value, c0: u64, wait: u64) {
+    let names = chart["names"].as_array().expect("names");
+    let boxes: Vec<(u64, &str, u64, u64)> = chart["boxes"]
+        .as_array()
+        .expect("boxes")
+        .iter()
+        .map(|b| {
+            let name = names[n(&b["frame"]) as usize].as_str().unwrap_or("");
+            (n(&b["depth"]), name, n(&b["start_ns"]), n(&b["end_ns"]))
+        })
+        .collect();
+    let first_part: Vec<_> = boxes
+        .iter()
+        .filter(|b| b.1 == "compute_part" && b.3 > c0 && b.2 < wait)
+        .collect();
+    let covered: u64 = first_part.iter().map(|b| b.3.min(wait) - b.2.max(c0)).sum();
+    // compute_part runs ≥ 10 ms of the first part (see above); samples
+    // every ~1 ms cover it but for the edges.
+    eprintln!(
+        "TIMELINE compute_part boxes cover {:.1} ms of the first part",
+        covered as f64 / 1e6
+    );
+    assert!(
+        covered >= 5 * MS,
+        "compute_part covers {covered} ns of the first part: {first_part:?}"
+    );
+    for b in &first_part {
+        assert!(
+            b.3 <= wait + 3 * MS,
+            "{b:?} reaches into the wait at {wait}"
+        );
+        assert!(
+            boxes
+                .iter()
+                .any(|p| p.1 == "slow_call" && p.0 + 1 == b.0 && p.2 <= b.2 && p.3 >= b.3),
+            "no slow_call under {b:?}"
         );
     }
 }

@@ -2,6 +2,9 @@
 //! options' definitions (`agent/src/flags/defs.rs`) by `mt-agent generate
 //! readme-options` and put between the README's markers. The agent's unit
 //! test `the_readme_option_table_is_the_generated_one` fails until it is.
+//! And BENCHMARKS.md's tables, generated from the bench runs committed in
+//! docs/bench/ (`bench --markdown`, tests/src/bench_md.rs, whose unit test
+//! fails on drift).
 
 use anyhow::{Context as _, bail};
 
@@ -35,5 +38,14 @@ pub fn docs() -> anyhow::Result<()> {
     } else {
         eprintln!("xtask: README.md's option table is up to date");
     }
-    Ok(())
+    benchmarks()
+}
+
+/// BENCHMARKS.md's tables from the runs their markers name.
+fn benchmarks() -> anyhow::Result<()> {
+    run(cargo().args(["build", "-p", "mt-agent-tests", "--bin", "bench"]))?;
+    let bench = target_dir().join("debug").join("bench");
+    run(std::process::Command::new(bench)
+        .arg("--markdown")
+        .arg(workspace().join("BENCHMARKS.md")))
 }

@@ -6,7 +6,8 @@
 //! * `dist`: the static musl release tarball, reproducibly.
 //! * `bench [--quick] [--only PART]`: overhead, latency, storm and time to armed, as tables.
 //! * `fuzz [--seconds N] [--seed S]`: malformed ELF files and names, for N seconds.
-//! * `docs`: the README's option table, generated from the options' definitions.
+//! * `docs`: the README's option table, generated from the options' definitions, and
+//!   BENCHMARKS.md's tables, from the bench runs committed in docs/bench/.
 //! * `layout`: the layout rules of `agent/src` checked, and its figures.
 
 mod bench;
@@ -69,7 +70,8 @@ enum Task {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
-    /// Generate the README's option table from the options' definitions.
+    /// Generate the README's option table from the options' definitions, and
+    /// BENCHMARKS.md's tables from the bench runs in docs/bench/.
     Docs,
     /// Check agent/src's layout (stages, import circles, `//!` lines) and
     /// that no file names a missing file; print the figures.

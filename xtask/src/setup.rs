@@ -39,6 +39,9 @@ const TEST_PACKAGES: &[&str] = &[
     // strace holds a system call up (fault injection), standing in for a
     // kernel that holds a uprobe's detach up.
     "strace",
+    // Node.js: a JIT runtime whose functions are named only in the perf
+    // map it writes (tests/tests/jit.rs).
+    "nodejs",
 ];
 
 /// Runs every step.

@@ -29,6 +29,7 @@ const E2E: &[&str] = &[
     "report",
     "offcpu",
     "hostile",
+    "jit",
     "bench",
 ];
 

@@ -4,6 +4,7 @@ pub mod build_id_cache;
 pub mod disk_budget;
 pub mod driver;
 pub mod end;
+pub mod jit_maps;
 pub mod outcome;
 pub mod recorder;
 pub mod snapshot;

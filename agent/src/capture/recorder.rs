@@ -323,6 +323,7 @@ impl Recorder {
         let output = OutputDir::prepare(&dir)?;
         let dir = output.path.clone();
         let output_dir = dir.clone();
+        let jit_dir = dir.clone();
         let index = Index::create(&dir).map_err(|e| {
             Failure::usage(format!(
                 "cannot create {} in {}: {e}; give a writable --output",
@@ -367,6 +368,7 @@ impl Recorder {
                 snapshots: 0,
                 warned_budget: false,
                 failed: None,
+                jit: crate::capture::jit_maps::JitKeeper::new(jit_dir),
             }),
             printer,
             counters,
@@ -860,6 +862,8 @@ struct Indexing {
     warned_budget: bool,
     /// The first write that failed, for the recorder to take.
     failed: Option<Arc<Mutex<Option<std::io::Error>>>>,
+    /// The JIT symbol files kept with each snapshot (capture/jit_maps.rs).
+    jit: crate::capture::jit_maps::JitKeeper,
 }
 
 /// A completed snapshot and what the driver read at its `Dump`.
@@ -897,6 +901,9 @@ impl Indexing {
         snap.bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         read_facts(&path, &mut snap, self.off_cpu, self.ring_bytes);
         mark_calls_before(&mut snap);
+        // JIT code has no file: its names are kept before the index lists
+        // the snapshot, for a report that reads it at once.
+        self.keep_jit(&snap.file);
         if let Err(e) = self.index.snapshot(&snap, counters, merged, disarm) {
             self.failed(e);
         }
@@ -936,6 +943,27 @@ impl Indexing {
             if let Err(e) = self.index.deleted(&f) {
                 self.failed(e);
             }
+        }
+    }
+
+    /// Keeps the JIT files that cover snapshot `file`; says what could
+    /// not be kept, and, with `-v`, what was.
+    fn keep_jit(&mut self, file: &str) {
+        let before = self.jit.bytes;
+        self.jit.keep(self.tgid, file);
+        for f in std::mem::take(&mut self.jit.failed) {
+            self.printer.warning(&format!(
+                "JIT symbols of pid {} not kept for {file} and later snapshots: {f}",
+                self.tgid
+            ));
+        }
+        if self.jit.bytes > before {
+            self.printer.verbose(&format!(
+                "{file}: kept {} bytes of JIT symbol files ({} in all) in {}",
+                self.jit.bytes - before,
+                self.jit.bytes,
+                self.dir.join(crate::capture::jit_maps::DIR).display()
+            ));
         }
     }
 

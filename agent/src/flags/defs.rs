@@ -434,6 +434,13 @@ pub struct ReportArgs {
     /// perf binary to run. [default: `perf` on PATH]
     #[arg(long, value_name = "PATH")]
     pub perf: Option<PathBuf>,
+
+    /// Also write pprof profiles (gzipped profile.proto, for `go tool pprof`,
+    /// Pyroscope, Parca, Grafana): beside each folded file the same name with
+    /// `.pb.gz`, and OUT/report/moments.pb.gz with every hit's moment; samples
+    /// are labelled hit, tid, trigger and duration_ns (docs/pprof.md).
+    #[arg(long)]
+    pub pprof: bool,
 }
 
 #[cfg(test)]

@@ -206,6 +206,37 @@ pub fn off_intervals(
         .collect()
 }
 
+/// A thread's known stretches in a window by state, each a list of
+/// `[start_ns, end_ns]` in time order, clipped to the window; what the
+/// file does not show (a [`Gap`], or off CPU with no record of why) is in
+/// none of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct States {
+    pub on_cpu: Vec<[u64; 2]>,
+    pub runnable: Vec<[u64; 2]>,
+    pub blocked: Vec<[u64; 2]>,
+}
+
+/// The thread's states over `[from_ns, to_ns]`, by the rule of
+/// [`breakdown`] (the same stretches, not added up); stretches of one state
+/// that touch are joined.
+pub fn states(switches: &[ContextSwitch], gaps: &[Gap], from_ns: u64, to_ns: u64) -> States {
+    let mut out = States::default();
+    for (a, z, state) in segments(switches, gaps, from_ns, to_ns) {
+        let list = match state {
+            State::OnCpu => &mut out.on_cpu,
+            State::Runnable => &mut out.runnable,
+            State::Blocked => &mut out.blocked,
+            State::Unknown | State::Pending => continue,
+        };
+        match list.last_mut() {
+            Some(last) if last[1] == a => last[1] = z,
+            _ => list.push([a, z]),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +396,35 @@ mod tests {
         assert_eq!(
             b.on_cpu_ns + b.runnable_ns + b.blocked_ns + b.unknown_ns,
             100
+        );
+    }
+
+    #[test]
+    fn states_are_the_breakdowns_stretches_joined_where_they_touch() {
+        // Two switch-ins in a row (a lost switch-out) do not split the
+        // stretch on CPU; what the gap hides is in no list.
+        let s = [
+            sw(120, IN),
+            sw(130, IN),
+            sw(150, SLEEP),
+            sw(170, IN),
+            sw(180, PREEMPT),
+            sw(190, IN),
+        ];
+        let v = states(&s, &[[0, 110]], 100, 200);
+        assert_eq!(
+            v,
+            States {
+                on_cpu: vec![[120, 150], [170, 180], [190, 200]],
+                runnable: vec![[180, 190]],
+                blocked: vec![[150, 170]],
+            }
+        );
+        let b = breakdown(&s, &[[0, 110]], 100, 200);
+        let len = |l: &[[u64; 2]]| l.iter().map(|i| i[1] - i[0]).sum::<u64>();
+        assert_eq!(
+            (len(&v.on_cpu), len(&v.runnable), len(&v.blocked)),
+            (b.on_cpu_ns, b.runnable_ns, b.blocked_ns)
         );
     }
 

@@ -1,5 +1,6 @@
 //! Flame graphs drawn by inferno and embedded in the report's page, each in
-//! its own frame, and HTML escaping (used by every part of the page).
+//! its own frame; the compressed parts of the page, built when their hit's
+//! section opens; and HTML escaping (used by every part of the page).
 
 use std::fmt::Write as _;
 
@@ -51,6 +52,42 @@ pub fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_
     );
 }
 
+/// Writes `html` as a part that the page builds when its hit's section
+/// opens (`lazy.js`): gzip-compressed, base64-encoded, in a script element
+/// the browser does not run. inferno's SVGs shrink about tenfold; the page
+/// parses a few bytes per hit until it is opened (docs/report.md).
+pub fn lazy(h: &mut String, html: &str) {
+    h.push_str("<script type=\"application/octet-stream\" class=\"gz\">");
+    h.push_str(&base64(&gzip(html.as_bytes())));
+    h.push_str("</script>");
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(b).expect("writes to memory");
+    z.finish().expect("writes to memory")
+}
+
+/// Standard base64 with padding, as `atob` reads it.
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
 /// The root element's `height="N"`.
 fn svg_height(svg: &str) -> Option<u64> {
     let head = &svg[..svg.find('>')?];
@@ -90,6 +127,38 @@ mod tests {
             "<a href=&quot;x&quot;>&amp;amp;"
         );
     }
+
+    #[test]
+    fn a_lazy_part_is_gzip_in_base64() {
+        assert_eq!(base64(b"hello"), "aGVsbG8=");
+        assert_eq!(base64(b"hi"), "aGk=");
+        assert_eq!(base64(b"abc"), "YWJj");
+        assert_eq!(base64(b""), "");
+        let mut h = String::new();
+        let text = "<iframe srcdoc=\"x\"></iframe>".repeat(100);
+        lazy(&mut h, &text);
+        let b64 = h
+            .strip_prefix("<script type=\"application/octet-stream\" class=\"gz\">")
+            .and_then(|r| r.strip_suffix("</script>"))
+            .expect("one script element");
+        assert!(b64.len() < text.len() / 4, "{b64}");
+        // Decoded and inflated, it is the text.
+        let val = |c: u8| A64.iter().position(|&x| x == c).unwrap() as u32;
+        let mut bytes = Vec::new();
+        for q in b64.as_bytes().chunks(4) {
+            let n = q
+                .iter()
+                .fold(0, |n, &c| n << 6 | if c == b'=' { 0 } else { val(c) });
+            let keep = q.iter().filter(|&&c| c != b'=').count() - 1;
+            bytes.extend(&n.to_be_bytes()[1..1 + keep]);
+        }
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out)
+            .unwrap();
+        assert_eq!(out, text);
+    }
+
+    const A64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
     #[test]
     fn inferno_renders_a_searchable_svg() {

@@ -7,10 +7,10 @@ use std::fmt::Write as _;
 
 use super::{
     Page,
-    embed::{embed, esc, options},
-    model::{FileReport, HitReport, Status},
+    embed::{embed, esc, lazy, options},
+    model::{FileReport, HitReport, Status, anchor},
     moments::{self, Folded},
-    offcpu_page, runinfo,
+    offcpu_page, runinfo, timeline_page,
 };
 use crate::output::events::human_ns;
 
@@ -23,9 +23,9 @@ th{background:#eee}.bad{color:#b00}.warn{background:#fff3cd;padding:6px 10px;bor
 .note{color:#555}iframe{width:100%;border:1px solid #ddd;margin:4px 0 12px}\
 code{background:#f4f4f4;padding:0 3px}h3{margin-top:2em}";
 
-/// Searches every flame graph of the page (each graph's own `search`).
-const SCRIPT: &str = "function searchAll(t){for(const f of document.querySelectorAll('iframe.fg')){\
-const w=f.contentWindow;if(!w||!w.search)continue;if(t)w.search(t);else w.reset_search();}}";
+/// The page's script: searching every graph, building a hit's section
+/// when it opens.
+const SCRIPT: &str = include_str!("lazy.js");
 
 /// The whole page.
 pub fn page(p: &Page) -> String {
@@ -33,9 +33,11 @@ pub fn page(p: &Page) -> String {
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     let _ = write!(
         h,
-        "<title>mt-agent report: {}</title><style>{STYLE}{}</style><script>{SCRIPT}</script></head><body>",
+        "<title>mt-agent report: {}</title><style>{STYLE}{}{}</style><script>{SCRIPT}{}</script></head><body>",
         esc(&p.out.display().to_string()),
-        offcpu_page::STYLE
+        offcpu_page::STYLE,
+        timeline_page::STYLE,
+        timeline_page::SCRIPT
     );
     let _ = write!(
         h,
@@ -43,6 +45,7 @@ pub fn page(p: &Page) -> String {
         esc(&p.out.display().to_string())
     );
     run_section(&mut h, p);
+    super::run_view::section(&mut h, p);
     warnings(&mut h, p);
     table(&mut h, p);
     h.push_str(
@@ -196,16 +199,33 @@ fn hit_row(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport, file: &str
     );
 }
 
+/// A hit's section: a `<details>` whose summary and figures are in the
+/// page, and whose timeline and graphs are built when it opens.
 fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
     let x = &hit.hit;
+    let what = match x.duration_ns {
+        Some(d) => format!(": a {} call", human_ns(d)),
+        None => String::new(),
+    };
     let _ = write!(
         h,
-        "<h3 id=\"{}\">IndexedHit #{} in {}: tid {}</h3>",
+        "<details class=\"hit\" id=\"{}\"><summary><h3>Hit #{} in {}: tid {}</h3>{}{}</summary>",
         anchor(f, hit),
         x.seq,
         esc(&display_file(f)),
-        x.tid
+        x.tid,
+        esc(&what),
+        if f.status == Status::Read {
+            format!(", {} samples in the moment", moments::total(&hit.moment))
+        } else {
+            String::new()
+        }
     );
+    hit_body(h, p, f, hit);
+    h.push_str("</details>");
+}
+
+fn hit_body(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
     offcpu_page::bar(h, hit, is_go(p, f));
     if f.status != Status::Read {
         let _ = write!(
@@ -243,15 +263,30 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
             few_samples_advice(n, on_cpu, longer_window)
         );
     }
-    graph(h, "The moment on the hit's thread", &hit.moment, "moment");
-    offcpu_page::graph(h, hit);
+    lazy(h, &built_on_open(f, hit));
+}
+
+/// What a hit's section builds when it opens: its timeline and graphs.
+fn built_on_open(f: &FileReport, hit: &HitReport) -> String {
+    let mut h = String::new();
+    if let Some(t) = &hit.timeline {
+        timeline_page::section(&mut h, t, hit.hit.tid, &hit.thread_samples);
+    }
     graph(
-        h,
+        &mut h,
+        "The moment on the hit's thread",
+        &hit.moment,
+        "moment",
+    );
+    offcpu_page::graph(&mut h, hit);
+    graph(
+        &mut h,
         "The whole process over the whole snapshot",
         &f.all,
         "all",
     );
-    diff_graph(h, hit);
+    diff_graph(&mut h, hit);
+    h
 }
 
 fn graph(h: &mut String, title: &str, folded: &Folded, class: &str) {
@@ -290,11 +325,6 @@ fn is_go(p: &Page, f: &FileReport) -> bool {
         .find(|r| r.rel == f.dir)
         .and_then(|r| crate::output::run_file::trigger_of(&p.out, r))
         .is_some_and(|t| t.go)
-}
-
-fn anchor(f: &FileReport, hit: &HitReport) -> String {
-    let dir = f.dir.display().to_string().replace('/', "-");
-    format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
 }
 
 fn display_dir(rel: &std::path::Path) -> String {

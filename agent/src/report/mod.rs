@@ -8,7 +8,10 @@
 //! * [`moments`]: a hit's moment, folding, shares, the differential;
 //! * [`offcpu`]: a hit's off-CPU breakdown and blocked stacks;
 //!   [`offcpu_page`]: their part of the page;
-//! * [`html`], [`runinfo`]: the page; [`write`]: the files in OUT;
+//! * [`html`], [`runinfo`]: the page; [`run_view`]: its view of every hit
+//!   at once, and `--json`'s `run` object; [`write`]: the files in OUT;
+//! * [`profiles`], [`pprof`]: `--pprof`'s profiles (docs/pprof.md);
+//!   [`wall_clock`]: times on the wall clock;
 //! * [`run_file`]: `OUT/run.json`, the triggers a capture run records for
 //!   the report.
 //!
@@ -23,9 +26,14 @@ mod model;
 mod moments;
 mod offcpu;
 mod offcpu_page;
+mod pprof;
+mod profiles;
+mod run_view;
 mod runinfo;
 mod samples;
 mod timeline;
+mod timeline_page;
+mod wall_clock;
 
 use std::{
     collections::HashMap,
@@ -67,6 +75,8 @@ pub struct Page {
     /// Go binaries whose path holds another build than the run's
     /// (docs/build-ids.md, "Go binaries").
     pub go_replaced: Vec<crate::capture::build_id_cache::GoReplaced>,
+    /// `--pprof`: write the profiles.
+    pub pprof: bool,
 }
 
 impl Page {
@@ -82,7 +92,7 @@ impl Page {
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let perf = crate::perf::binary::find_perf(args.perf.as_deref())?;
-    let page = build(&args.out, &perf, args.window.as_nanos() as u64)?;
+    let page = build(&args.out, &perf, args.window.as_nanos() as u64, args.pprof)?;
     let path = write_all(&page)?;
     let bad = warn_bad_files(&page);
     if args.json {
@@ -92,6 +102,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
                 let _ = writeln!(stdout, "{}", hit_json(&page, f, h, &path));
             }
         }
+        let _ = writeln!(stdout, "{}", run_view::json(&page, &path));
     } else {
         println!("{}", path.display());
     }
@@ -108,7 +119,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
 /// failure is a warning and does not change the run's exit code.
 pub fn after_run(out: &Path, perf: Option<&Path>, printer: &Printer, json: bool) {
     let written = crate::perf::binary::find_perf(perf).and_then(|perf| {
-        let page = build(out, &perf, DEFAULT_WINDOW_NS)?;
+        let page = build(out, &perf, DEFAULT_WINDOW_NS, false)?;
         let path = write_all(&page)?;
         warn_bad_files(&page);
         Ok(path)
@@ -144,8 +155,8 @@ pub fn record_triggers(out: &Path, armed: &[crate::output::events::Armed], print
 pub const DEFAULT_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Reads OUT: errors (exit code 2) when it is not an mt-agent output or
-/// holds no hit.
-fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
+/// holds no hit. With `pprof`, makes the pprof profiles too.
+fn build(out: &Path, perf: &Path, window_ns: u64, pprof: bool) -> Result<Page, Failure> {
     let not_ours = |why: String| {
         Failure::usage(format!(
             "{} is not an mt-agent output directory ({why}); give the --output of a run",
@@ -178,7 +189,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
         )));
     }
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let files = model::build(&runs, perf, window_ns, jobs);
+    let files = model::build(&runs, perf, window_ns, jobs, pprof);
     let mut truncated = (0, 0);
     let mut starts: HashMap<PathBuf, u64> = HashMap::new();
     for f in &files {
@@ -204,6 +215,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64) -> Result<Page, Failure> {
         truncated,
         starts,
         go_replaced,
+        pprof,
     })
 }
 
@@ -256,14 +268,41 @@ fn write_all(p: &Page) -> Result<PathBuf, Failure> {
     {
         remove_stale_folded(&folded.join(&f.dir), &f.line.snapshot.file);
     }
+    if p.pprof {
+        write_pprof(p, &folded).map_err(fail)?;
+    }
     let path = p.out.join(PAGE);
     write::replace(&path, html::page(p).as_bytes()).map_err(fail)?;
     Ok(path)
 }
 
+/// `--pprof`: beside each read snapshot's folded files, the same names with
+/// `.pb.gz` for `.folded` (`<file>.all.pb.gz`, `<file>[.<seq>].moment.pb.gz`),
+/// and `OUT/report/moments.pb.gz`, every hit's moment (docs/pprof.md).
+fn write_pprof(p: &Page, folded: &Path) -> std::io::Result<()> {
+    let pb = |rel: &Path| {
+        let name = rel.file_name().expect("a file name").to_string_lossy();
+        let stem = name.strip_suffix(".folded").unwrap_or(&name);
+        folded.join(rel.with_file_name(format!("{stem}.pb.gz")))
+    };
+    let read = || p.files.iter().filter_map(|f| Some((f, f.pprof.as_ref()?)));
+    for (f, prof) in read() {
+        write::replace(&pb(&f.all_file), &pprof::gzipped(&prof.all))?;
+        for (h, m) in f.hits.iter().zip(&prof.moments) {
+            write::replace(&pb(&h.moment_file), &pprof::gzipped(m))?;
+        }
+    }
+    let merged = profiles::merged(read().flat_map(|(_, prof)| &prof.moments));
+    write::replace(&folded.join(MOMENTS_PPROF), &pprof::gzipped(&merged))
+}
+
+/// `--pprof`'s profile of every hit's moment, in OUT/report.
+pub const MOMENTS_PPROF: &str = "moments.pb.gz";
+
 /// Removes the folded files an earlier report wrote in `dir` for the
 /// snapshot `file`, which `--keep` or `--max-disk` has since deleted:
-/// `<file>.all.folded`, `<file>[.<seq>].moment.folded`, `...offcpu.folded`.
+/// `<file>.all.folded`, `<file>[.<seq>].moment.folded`, `...offcpu.folded`,
+/// and `--pprof`'s `.pb.gz` beside them.
 fn remove_stale_folded(dir: &Path, file: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -279,15 +318,22 @@ fn remove_stale_folded(dir: &Path, file: &str) {
 }
 
 /// Whether `name` is a folded file of the snapshot `prefix` names
-/// (`perf.data.<digits>.`): what follows is `all`, `moment` or `offcpu`,
-/// after an optional hit number.
+/// (`perf.data.<digits>.`): what follows is `all`, `moment` or `offcpu`
+/// (`.folded`, or `.pb.gz` for the first two), after an optional hit number.
 fn is_folded_of(name: &str, prefix: &str) -> bool {
     let Some(rest) = name.strip_prefix(prefix) else {
         return false;
     };
     let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
     let rest = rest.strip_prefix('.').unwrap_or(rest);
-    ["all.folded", "moment.folded", "offcpu.folded"].contains(&rest)
+    [
+        "all.folded",
+        "moment.folded",
+        "offcpu.folded",
+        "all.pb.gz",
+        "moment.pb.gz",
+    ]
+    .contains(&rest)
 }
 
 /// One warning line per snapshot that could not be read; returns how many.
@@ -347,6 +393,7 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "blocked_ns": x.off_cpu.map(|o| o.breakdown.blocked_ns),
         "unknown_ns": x.off_cpu.map(|o| o.breakdown.unknown_ns),
         "off_cpu": h.off_cpu.as_ref().map(|o| offcpu::json(o, read)),
+        "timeline": h.timeline.as_ref().map(timeline::json),
     })
 }
 
@@ -363,6 +410,8 @@ mod tests {
             "perf.data.2026120100000001.3.moment.folded",
             "perf.data.2026120100000001.offcpu.folded",
             "perf.data.2026120100000001.12.offcpu.folded",
+            "perf.data.2026120100000001.all.pb.gz",
+            "perf.data.2026120100000001.3.moment.pb.gz",
         ] {
             assert!(is_folded_of(name, p), "{name}");
         }

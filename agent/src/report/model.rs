@@ -10,9 +10,12 @@ use std::{
 };
 
 use super::{
-    moments::{self, Folded, Span},
+    moments::{self, Folded, Span, ThreadParts},
     offcpu::{self, OffCpuView},
+    profiles::{self, Profiles},
     samples::{self, Samples},
+    timeline::{self, Timeline},
+    timeline_page::{self, ThreadSamples},
 };
 use crate::output::{
     index::{IndexedHit, SnapshotLine},
@@ -72,6 +75,11 @@ pub struct HitReport {
     pub moment_file: PathBuf,
     /// The off-CPU breakdown, when the run recorded one (`--off-cpu`).
     pub off_cpu: Option<OffCpuView>,
+    /// The moment in time order; `None` when the file was not read.
+    pub timeline: Option<Timeline>,
+    /// The hit thread's samples in the snapshot, for the page's range
+    /// flame graph (empty when the file was not read).
+    pub thread_samples: ThreadSamples,
 }
 
 /// One snapshot file.
@@ -91,10 +99,29 @@ pub struct FileReport {
     pub hits: Vec<HitReport>,
     /// perf's command line, from the file's header.
     pub cmdline: Option<String>,
+    /// The samples of each thread with a hit in the index directory, inside
+    /// and outside the moments of all its hits (the run view's input).
+    pub threads: Vec<ThreadParts>,
+    /// `--pprof`: the file's profiles, when it was read.
+    pub pprof: Option<Profiles>,
 }
 
-/// Reads every file of every index directory, `jobs` at a time.
-pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<FileReport> {
+/// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
+/// the directory as `-`), stable across reports of the same OUT.
+pub fn anchor(f: &FileReport, hit: &HitReport) -> String {
+    let dir = f.dir.display().to_string().replace('/', "-");
+    format!("hit-{dir}-{}-{}", f.line.snapshot.file, hit.hit.seq)
+}
+
+/// Reads every file of every index directory, `jobs` at a time; with
+/// `pprof`, makes each file's pprof profiles too.
+pub fn build(
+    runs: &[RunDir],
+    perf: &Path,
+    window_ns: u64,
+    jobs: usize,
+    pprof: bool,
+) -> Vec<FileReport> {
     let work: Vec<(&RunDir, usize, &SnapshotLine<'static>)> = runs
         .iter()
         .flat_map(|r| r.entries.iter().enumerate().map(move |(i, e)| (r, i, e)))
@@ -109,7 +136,7 @@ pub fn build(runs: &[RunDir], perf: &Path, window_ns: u64, jobs: usize) -> Vec<F
                     let Some((run, pos, line)) = work.get(i) else {
                         break;
                     };
-                    let r = one_file(run, *pos, line, perf, window_ns);
+                    let r = one_file(run, *pos, line, perf, window_ns, pprof);
                     done.lock().expect("not poisoned").push((i, r));
                 }
             });
@@ -126,6 +153,7 @@ fn one_file(
     line: &SnapshotLine<'static>,
     perf: &Path,
     window_ns: u64,
+    pprof: bool,
 ) -> FileReport {
     let snapshot = &line.snapshot;
     let mut rep = FileReport {
@@ -138,6 +166,8 @@ fn one_file(
         all_file: run.rel.join(format!("{}.all.folded", snapshot.file)),
         hits: Vec::new(),
         cmdline: None,
+        pprof: None,
+        threads: Vec::new(),
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -152,7 +182,13 @@ fn one_file(
         },
     };
     match read {
-        Ok(s) => fill(&mut rep, &s, window_ns),
+        Ok(s) => {
+            fill(&mut rep, &s, window_ns);
+            rep.threads = moments::split_by_moments(&s, &dir_spans(run, window_ns));
+            if pprof {
+                rep.pprof = Some(pprof_of(run, &rep, &s));
+            }
+        }
         Err(status) => rep.status = status,
     }
     // Hits are listed even when their file could not be read.
@@ -187,6 +223,15 @@ fn all_gone<'a>(mut files: impl Iterator<Item = &'a str>, gone: impl Fn(&str) ->
     files.all(gone)
 }
 
+/// The moments of every hit the index directory lists.
+fn dir_spans(run: &RunDir, window_ns: u64) -> Vec<Span> {
+    run.entries
+        .iter()
+        .flat_map(|e| &e.snapshot.hits)
+        .map(|h| moments::span(h, window_ns))
+        .collect()
+}
+
 fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
     let name = if rep.line.snapshot.hits.len() > 1 {
         format!("{}.{}.moment.folded", rep.line.snapshot.file, h.seq)
@@ -201,7 +246,21 @@ fn hit_report(rep: &FileReport, h: &IndexedHit, window_ns: u64) -> HitReport {
         rest: Vec::new(),
         off_cpu: offcpu::from_index(h, &moment_file, rep.line.snapshot.gaps()),
         moment_file,
+        timeline: None,
+        thread_samples: ThreadSamples::default(),
     }
+}
+
+/// A read file's pprof profiles (`--pprof`).
+fn pprof_of(run: &RunDir, rep: &FileReport, s: &Samples) -> Profiles {
+    let (trigger, period_ns) = profiles::source(run, rep.cmdline.as_deref());
+    let src = profiles::Source {
+        snapshot: &rep.line.snapshot,
+        trigger: trigger.as_deref(),
+        period_ns,
+    };
+    let hits: Vec<_> = rep.hits.iter().map(|h| (&h.hit, h.span)).collect();
+    profiles::of_snapshot(s, &src, &hits)
 }
 
 fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
@@ -219,6 +278,8 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
         if let Some(o) = hr.off_cpu.as_mut() {
             offcpu::add_stacks(o, s, h.tid);
         }
+        hr.thread_samples = timeline_page::thread_samples(s, h.tid);
+        hr.timeline = Some(timeline::compute(s, h, &rep.line.snapshot, &sp));
         rep.hits.push(hr);
     }
 }

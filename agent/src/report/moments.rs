@@ -76,22 +76,85 @@ pub fn fold(s: &Samples, keep: impl Fn(&Sample) -> bool) -> Folded {
     }
     let mut out: Folded = counts
         .into_iter()
-        .map(|(stack, n)| {
-            let mut line = String::new();
-            for (i, &f) in stack.iter().rev().enumerate() {
-                if i > 0 {
-                    line.push(';');
-                }
-                line.push_str(s.name(f));
-            }
-            if line.is_empty() {
-                line.push_str("[no stack]");
-            }
-            (line, n)
-        })
+        .map(|(stack, n)| (folded_line(s, stack), n))
         .collect();
     sort_merged(&mut out);
     out
+}
+
+/// A call chain (leaf first, frame ids of `s`) as a folded line, root
+/// first.
+fn folded_line(s: &Samples, stack: &[u32]) -> String {
+    let mut line = String::new();
+    for (i, &f) in stack.iter().rev().enumerate() {
+        if i > 0 {
+            line.push(';');
+        }
+        line.push_str(s.name(f));
+    }
+    if line.is_empty() {
+        line.push_str("[no stack]");
+    }
+    line
+}
+
+/// One thread's samples in one snapshot, split by the moments of every
+/// hit on that thread: the run view's input (issue 26, "the run as a
+/// whole"). Unlike a hit's `rest`, `outside` leaves out the samples of
+/// every moment, not only the hit's own; each sample is in one part.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadParts {
+    pub tid: u32,
+    /// Samples inside at least one moment (each counted once).
+    pub inside: Folded,
+    /// Samples outside every moment.
+    pub outside: Folded,
+}
+
+/// Splits the samples of the threads that `spans` name: for each such
+/// thread with samples in `s`, those inside any of its spans and those
+/// outside all of them. `spans` may hold moments of hits in other snapshots
+/// (a moment that began before this snapshot did); spans that end before
+/// the first sample or begin after the last are skipped first. Sorted by
+/// tid.
+pub fn split_by_moments(s: &Samples, spans: &[Span]) -> Vec<ThreadParts> {
+    let lo = s.samples.iter().map(|x| x.time_ns).min().unwrap_or(0);
+    let hi = s.samples.iter().map(|x| x.time_ns).max().unwrap_or(0);
+    let mut by_tid: HashMap<u32, Vec<&Span>> = HashMap::new();
+    for sp in spans {
+        let list = by_tid.entry(sp.tid).or_default();
+        if sp.end_ns >= lo && sp.start_ns <= hi {
+            list.push(sp);
+        }
+    }
+    let mut counts: HashMap<(u32, bool, &[u32]), u64> = HashMap::new();
+    for x in &s.samples {
+        let Some(list) = by_tid.get(&x.tid) else {
+            continue;
+        };
+        let inside = list.iter().any(|sp| sp.contains(x));
+        *counts.entry((x.tid, inside, s.stack(x))).or_default() += 1;
+    }
+    let mut parts: HashMap<u32, ThreadParts> = HashMap::new();
+    for ((tid, inside, stack), n) in counts {
+        let p = parts.entry(tid).or_insert_with(|| ThreadParts {
+            tid,
+            ..ThreadParts::default()
+        });
+        let to = if inside {
+            &mut p.inside
+        } else {
+            &mut p.outside
+        };
+        to.push((folded_line(s, stack), n));
+    }
+    let mut parts: Vec<ThreadParts> = parts.into_values().collect();
+    for p in &mut parts {
+        sort_merged(&mut p.inside);
+        sort_merged(&mut p.outside);
+    }
+    parts.sort_by_key(|p| p.tid);
+    parts
 }
 
 /// Sorts folded lines and adds up the weights of equal lines (two call
@@ -290,6 +353,64 @@ mod tests {
         .unwrap();
         assert!(s.contains(&parsed.samples[0]));
         assert!(!s.contains(&parsed.samples[1]));
+    }
+
+    /// Samples of `perf script` text: (tid, time in µs, leaf function);
+    /// every stack is `main;<leaf>`.
+    fn samples(v: &[(u32, u64, &str)]) -> Samples {
+        let mut text = String::new();
+        for (tid, us, leaf) in v {
+            text.push_str(&format!(
+                "  {tid} 0.{us:06}000:\n\t1 {leaf} (x)\n\t2 main (x)\n\n"
+            ));
+        }
+        crate::report::samples::parse(text.as_bytes()).unwrap()
+    }
+
+    fn sp(tid: u32, start_us: u64, end_us: u64) -> Span {
+        Span {
+            tid,
+            start_ns: start_us * 1000,
+            end_ns: end_us * 1000,
+            call: true,
+        }
+    }
+
+    #[test]
+    fn every_sample_of_a_thread_is_inside_a_moment_or_outside_all() {
+        let s = samples(&[
+            (7, 1, "early"),  // in a moment of an earlier snapshot's hit
+            (7, 10, "a"),     // hit A's moment only
+            (7, 25, "both"),  // A's and B's moments overlap: counted once
+            (7, 40, "b"),     // B's moment only
+            (7, 60, "idle"),  // outside both
+            (8, 25, "other"), // another thread, no hit: left out
+            (9, 500, "late"), // tid 9's hit is in another snapshot
+        ]);
+        let spans = [sp(7, 0, 2), sp(7, 5, 30), sp(7, 20, 45), sp(9, 900, 950)];
+        let parts = split_by_moments(&s, &spans);
+        assert_eq!(parts.len(), 2, "{parts:?}");
+        let t7 = &parts[0];
+        assert_eq!(t7.tid, 7);
+        assert_eq!(
+            t7.inside,
+            folded(&[
+                ("main;a", 1),
+                ("main;b", 1),
+                ("main;both", 1),
+                ("main;early", 1)
+            ])
+        );
+        assert_eq!(t7.outside, folded(&[("main;idle", 1)]));
+        // A hit's own `rest` (same thread, outside its moment) holds B's
+        // moment: summing the hits' rests would count "both" and "b" as
+        // the rest of the thread.
+        let a = sp(7, 5, 30);
+        let rest_a = fold(&s, |x| x.tid == 7 && !a.contains(x));
+        assert!(rest_a.iter().any(|(l, _)| l == "main;b"), "{rest_a:?}");
+        let t9 = &parts[1];
+        assert_eq!((t9.tid, total(&t9.inside)), (9, 0));
+        assert_eq!(t9.outside, folded(&[("main;late", 1)]));
     }
 
     #[test]

@@ -127,7 +127,10 @@ pub fn add_stacks(o: &mut OffCpuView, s: &Samples, tid: u32) {
 }
 
 /// One thread's switch records in time order, in the core's terms.
-fn thread_context_switches(records: &[ContextSwitchLine], tid: u32) -> Vec<ContextSwitch> {
+pub(super) fn thread_context_switches(
+    records: &[ContextSwitchLine],
+    tid: u32,
+) -> Vec<ContextSwitch> {
     let mut v: Vec<ContextSwitch> = records
         .iter()
         .filter(|r| r.tid == tid)

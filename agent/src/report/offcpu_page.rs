@@ -197,6 +197,8 @@ mod tests {
             rest: vec![],
             moment_file: file,
             off_cpu: Some(o),
+            timeline: None,
+            thread_samples: Default::default(),
         }
     }
 

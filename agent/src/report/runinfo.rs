@@ -153,32 +153,18 @@ fn counters(c: &CounterValues) -> String {
     )
 }
 
-/// The hit's wall-clock time, from the snapshot's name: perf names a file
-/// by the local time of its switch, to the centisecond
-/// (`perf.data.YYYYmmddHHMMSScc`), which follows the first hit by
-/// `hit_to_kill_ns` plus perf's switch. So this is the switch time less the
-/// hit's distance from it, to about 10 ms.
+/// The hit's wall-clock time, from the snapshot's name (see
+/// [`super::wall_clock`]): the switch time less the hit's distance from
+/// it, to about 10 ms.
 pub fn wall_clock(f: &FileReport, hit: &IndexedHit) -> Option<String> {
-    let stamp = f.line.snapshot.file.strip_prefix("perf.data.")?;
-    if stamp.len() != 16 || !stamp.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let num = |a: usize, b: usize| stamp[a..b].parse::<i64>().ok();
-    // SAFETY: a zeroed tm is valid; timegm/gmtime_r get valid pointers.
+    let switch_ms = super::wall_clock::switch_ms(&f.line.snapshot.file)?;
+    let first = f.line.snapshot.hits.first()?.ktime_ns;
+    let before_ns =
+        f.line.snapshot.hit_to_kill_ns.unwrap_or(0) + first.saturating_sub(hit.ktime_ns);
+    let ms = switch_ms - (before_ns / 1_000_000) as i64;
+    let secs = ms.div_euclid(1000);
+    // SAFETY: a zeroed tm is valid; gmtime_r gets valid pointers.
     unsafe {
-        let mut tm: libc::tm = std::mem::zeroed();
-        tm.tm_year = num(0, 4)? as i32 - 1900;
-        tm.tm_mon = num(4, 6)? as i32 - 1;
-        tm.tm_mday = num(6, 8)? as i32;
-        tm.tm_hour = num(8, 10)? as i32;
-        tm.tm_min = num(10, 12)? as i32;
-        tm.tm_sec = num(12, 14)? as i32;
-        let switch_ms = libc::timegm(&mut tm) * 1000 + num(14, 16)? * 10;
-        let first = f.line.snapshot.hits.first()?.ktime_ns;
-        let before_ns =
-            f.line.snapshot.hit_to_kill_ns.unwrap_or(0) + first.saturating_sub(hit.ktime_ns);
-        let ms = switch_ms - (before_ns / 1_000_000) as i64;
-        let secs = ms.div_euclid(1000);
         let mut out: libc::tm = std::mem::zeroed();
         libc::gmtime_r(&secs, &mut out);
         Some(format!(

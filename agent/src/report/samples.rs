@@ -3,7 +3,9 @@
 //! Every perf command the report runs goes through [`perf_command`], which
 //! points perf at the run's build-id cache (`--buildid-dir OUT/.debug`)
 //! when the run kept one. Why `perf script` rather than a Rust reader of
-//! perf.data: see docs/report.md.
+//! perf.data: see docs/report.md. A snapshot with JIT maps kept
+//! (capture/jit_maps.rs) is read by a perf that sees them at
+//! `/tmp/perf-PID.map` (docs/jit-maps.md).
 
 use std::{
     collections::HashMap,
@@ -69,6 +71,10 @@ pub struct Samples {
     frames: Vec<u32>,
     names: Vec<String>,
     ids: HashMap<String, u32>,
+    /// Each frame's object (perf's `dso`), as an index in `objects`;
+    /// parallel to `frames`.
+    frame_objects: Vec<u32>,
+    objects: Vec<String>,
     /// perf's command line, from the header (`# cmdline : ...`).
     pub cmdline: Option<String>,
 }
@@ -82,6 +88,26 @@ impl Samples {
     /// A frame id's name.
     pub fn name(&self, id: u32) -> &str {
         &self.names[id as usize]
+    }
+
+    /// The objects of a sample's call chain, parallel to [`Self::stack`]:
+    /// the file perf names for each frame (`/usr/lib/libc.so.6`,
+    /// `[kernel.kallsyms]`, `[unknown]`).
+    pub fn objects(&self, s: &Sample) -> impl Iterator<Item = &str> {
+        self.frame_objects[s.start as usize..(s.start + s.len) as usize]
+            .iter()
+            .map(|&i| self.objects[i as usize].as_str())
+    }
+
+    /// Interns an object name (a run maps a few dozen).
+    fn object(&mut self, dso: &str) -> u32 {
+        match self.objects.iter().position(|o| o == dso) {
+            Some(i) => i as u32,
+            None => {
+                self.objects.push(dso.to_string());
+                (self.objects.len() - 1) as u32
+            }
+        }
     }
 
     fn intern(&mut self, name: &str) -> u32 {
@@ -139,6 +165,10 @@ pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
 /// checked to be a regular file. Errors carry perf's last message.
 pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samples, String> {
     let fd = file.as_raw_fd();
+    let jit = JitView::of(file, buildid_dir);
+    let buildid_dir = jit
+        .as_ref()
+        .map_or(buildid_dir, |j| j.buildid_dir.as_deref());
     let mut cmd = perf_command(perf, buildid_dir);
     cmd.args([
         "script",
@@ -153,12 +183,19 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    // SAFETY: fcntl is async-signal-safe; it clears FD_CLOEXEC on the
-    // child's copy of the descriptor only.
+    let keep_fds = [Some(fd), jit.as_ref().and_then(|j| j.dir_fd())];
+    // SAFETY: fcntl, and JitView::enter's mount calls, are async-signal-safe;
+    // fcntl clears FD_CLOEXEC on the child's copy of the descriptor only.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                return Err(io::Error::last_os_error());
+            for fd in keep_fds.into_iter().flatten() {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(j) = &jit {
+                // Without CAP_SYS_ADMIN perf reads the host's /tmp.
+                j.enter();
             }
             Ok(())
         });
@@ -190,6 +227,54 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
     Ok(samples)
 }
 
+/// What perf sees of a snapshot's kept JIT maps: a /tmp of its own, a
+/// tmpfs in a private mount namespace that holds only them, at the names
+/// perf looks for (`/tmp/perf-PID.map`, tools/perf/util/symbol.c
+/// `dso__find_perf_map`). The build-id cache is then given as the
+/// descriptor of its directory, which stays reachable were it under /tmp.
+struct JitView {
+    files: Vec<(std::ffi::CString, Vec<u8>)>,
+    dir: Option<File>,
+    buildid_dir: Option<std::path::PathBuf>,
+}
+
+impl JitView {
+    /// `None` when the snapshot has no kept maps.
+    fn of(file: &File, buildid_dir: Option<&Path>) -> Option<Self> {
+        use crate::capture::jit_maps;
+        let (dir, name) = jit_maps::snapshot_of(file)?;
+        let maps = jit_maps::maps_for(&dir, &name);
+        if maps.is_empty() {
+            return None;
+        }
+        let files = maps
+            .into_iter()
+            .filter_map(|m| {
+                let path = std::ffi::CString::new(format!("/tmp/perf-{}.map", m.pid)).ok()?;
+                Some((path, m.content))
+            })
+            .collect();
+        let dir = buildid_dir.and_then(|d| File::open(d).ok());
+        let buildid_dir = dir
+            .as_ref()
+            .map(|d| format!("/proc/self/fd/{}", d.as_raw_fd()).into());
+        Some(Self {
+            files,
+            dir,
+            buildid_dir,
+        })
+    }
+
+    fn dir_fd(&self) -> Option<i32> {
+        self.dir.as_ref().map(|d| d.as_raw_fd())
+    }
+
+    /// In perf's child, before exec.
+    fn enter(&self) -> bool {
+        crate::sys::mount_ns::tmpfs_with_files(c"/tmp", &self.files)
+    }
+}
+
 /// Parses `perf script -F tid,time,event,trace,ip,sym,dso --ns
 /// --show-switch-events` output: a header line per sample
 /// (`  TID SECONDS.NANOS: EVENT: [TRACE]`), then one line per frame
@@ -219,9 +304,11 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
         }
         if text.starts_with('\t') {
             if let Some(s) = current.as_mut() {
-                let name = frame_name(text.trim_start());
+                let (name, dso) = frame_name(text.trim_start());
                 let id = out.intern(&name);
                 out.frames.push(id);
+                let object = out.object(dso);
+                out.frame_objects.push(object);
                 s.sample().len += 1;
             }
             continue;
@@ -312,24 +399,26 @@ fn parse_ns(t: &str) -> Option<u64> {
         .checked_add(ns)
 }
 
-/// `55d0c3a1b139 slow_part (/path/t)` → `slow_part`; an unknown symbol is
-/// named by its object, as inferno's collapse-perf does: `[libc.so.6]`.
-fn frame_name(line: &str) -> String {
+/// `55d0c3a1b139 slow_part (/path/t)` → (`slow_part`, `/path/t`); an
+/// unknown symbol is named by its object, as inferno's collapse-perf does:
+/// `[libc.so.6]`. An object perf does not print is `[unknown]`.
+fn frame_name(line: &str) -> (String, &str) {
     let rest = line.split_once(' ').map_or("", |(_, r)| r.trim());
     let (sym, dso) = match rest.rfind(" (") {
         Some(i) if rest.ends_with(')') => (&rest[..i], &rest[i + 2..rest.len() - 1]),
         _ => (rest, ""),
     };
+    let dso = if dso.is_empty() { "[unknown]" } else { dso };
     // `;` separates frames in the folded format.
     let sym = sym.replace(';', ":");
     if sym.is_empty() || sym == "[unknown]" {
         let base = dso.rsplit('/').next().unwrap_or("");
         if base.is_empty() || base == "[unknown]" {
-            return "[unknown]".into();
+            return ("[unknown]".into(), dso);
         }
-        return format!("[{}]", base.trim_matches(['[', ']']));
+        return (format!("[{}]", base.trim_matches(['[', ']'])), dso);
     }
-    sym
+    (sym, dso)
 }
 
 #[cfg(test)]
@@ -352,6 +441,11 @@ mod tests {
         assert_eq!(
             names,
             ["slow_part", "ns::f(int) const", "[libc.so.6]", "[unknown]"]
+        );
+        let objects: Vec<&str> = s.objects(&a).collect();
+        assert_eq!(
+            objects,
+            ["/t/target", "/t/target", "/usr/lib/libc.so.6", "[unknown]"]
         );
         let b = s.samples[1];
         assert_eq!((b.tid, b.time_ns), (7, 1_500_000_000));

@@ -1,5 +1,6 @@
-//! A private mount namespace with one file bind-mounted over another, for a
-//! child between fork and exec; and whether a process sees such a mount.
+//! A private mount namespace with one file bind-mounted over another, or a
+//! fresh tmpfs holding given files, for a child between fork and exec; and
+//! whether a process sees such a mount.
 
 use std::ffi::CStr;
 
@@ -35,6 +36,61 @@ pub fn bind_in_private_namespace(src: &CStr, dst: &CStr) -> bool {
             libc::MS_BIND,
             std::ptr::null(),
         ) == 0
+    }
+}
+
+/// In the calling process (a child between fork and exec): a mount
+/// namespace of its own, a slave of the parent's (as
+/// [`bind_in_private_namespace`]), with a new tmpfs mounted on `dir` that
+/// holds only `files` (absolute paths inside `dir`, and their contents).
+/// The files exist in that tmpfs alone and go with the namespace: nothing
+/// is left on any disk, whatever happens to the process. Returns whether
+/// all of it is in place. Needs `CAP_SYS_ADMIN`.
+///
+/// Only async-signal-safe calls (no allocation: the paths and contents are
+/// made before the fork): safe in `pre_exec`.
+pub fn tmpfs_with_files(dir: &CStr, files: &[(std::ffi::CString, Vec<u8>)]) -> bool {
+    // SAFETY: plain syscalls on NUL-terminated paths and owned buffers.
+    unsafe {
+        let none = std::ptr::null();
+        if libc::unshare(libc::CLONE_NEWNS) == -1
+            || libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_SLAVE,
+                none.cast(),
+            ) == -1
+            || libc::mount(
+                c"tmpfs".as_ptr(),
+                dir.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=1777".as_ptr().cast(),
+            ) == -1
+        {
+            return false;
+        }
+        files.iter().all(|(path, data)| {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o644,
+            );
+            if fd == -1 {
+                return false;
+            }
+            let mut done = 0;
+            while done < data.len() {
+                let n = libc::write(fd, data[done..].as_ptr().cast(), data.len() - done);
+                if n <= 0 {
+                    break;
+                }
+                done += n as usize;
+            }
+            libc::close(fd);
+            done == data.len()
+        })
     }
 }
 

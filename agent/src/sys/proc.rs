@@ -114,6 +114,50 @@ pub fn status_field(pid: i32, key: &str) -> Option<String> {
     })
 }
 
+/// `pid`'s id in its own (innermost) pid namespace: the last field of the
+/// `NSpid:` line of /proc/PID/status (proc(5), Linux 4.1+). A process in a
+/// container names its files by that id (`/tmp/perf-<id>.map`).
+pub fn ns_pid(pid: i32) -> Option<i32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|t| parse_ns_pid(&t))
+}
+
+/// [`ns_pid`]'s pure part: `NSpid:\t4242\t17\t1` → 1; a kernel without the
+/// line (before 4.1) or a line without a number gives `None`.
+pub fn parse_ns_pid(status: &str) -> Option<i32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// `pid`'s descendants alive now, children before grandchildren, at most
+/// `max`: from `/proc/PID/task/TID/children` (proc(5); Linux 3.5+ with
+/// `CONFIG_PROC_CHILDREN`, empty without it).
+pub fn descendants(pid: i32, max: usize) -> Vec<i32> {
+    let mut out: Vec<i32> = Vec::new();
+    let mut next = 0;
+    let mut parent = Some(pid);
+    while let Some(p) = parent {
+        let tasks = fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten();
+        for t in tasks.flatten() {
+            let text = fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for c in text
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if out.len() < max && c != pid && !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+        parent = out.get(next).copied();
+        next += 1;
+    }
+    out
+}
+
 /// The path through which a file of the target's mount namespace is read:
 /// `/proc/PID/root/<path>`, which works across containers.
 pub fn in_root(pid: i32, path: &Path) -> PathBuf {
@@ -161,6 +205,51 @@ mod tests {
             status_field(me, "Pid").as_deref(),
             Some(me.to_string().as_str())
         );
+    }
+
+    #[test]
+    fn the_pid_in_the_innermost_namespace_is_the_last_of_nspid() {
+        let status = "Name:\tnode\nTgid:\t4242\nNSpid:\t4242\t17\t1\nPPid:\t1\n";
+        assert_eq!(parse_ns_pid(status), Some(1));
+        assert_eq!(parse_ns_pid("NSpid:\t4242\n"), Some(4242));
+        // A kernel before 4.1 has no such line.
+        assert_eq!(parse_ns_pid("Name:\tx\nPid:\t3\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t12\tx\n"), None);
+        // The test runs in the host's namespace, or in one of its own.
+        let me = std::process::id() as i32;
+        assert!(ns_pid(me).is_some_and(|p| p > 0));
+    }
+
+    #[test]
+    fn a_grandchild_is_a_descendant() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let sh = child.id() as i32;
+        // The shell forks its sleep soon after it starts.
+        let mut found = Vec::new();
+        for _ in 0..200 {
+            found = descendants(me, 64);
+            if found.iter().any(|&p| ancestors(p, 1) == [sh]) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let grandchild = found.iter().copied().find(|&p| ancestors(p, 1) == [sh]);
+        if let Some(g) = grandchild {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(g),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.contains(&sh), "{found:?}");
+        assert!(grandchild.is_some(), "{found:?}");
+        assert!(!found.contains(&me));
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!
 //! `bench [--quick] [--out FILE] [--only PART] [--kinds push,nop5,step]
 //! [--setups floor,mt-agent,...]`. Needs root. MT_AGENT_BIN names the agent.
+//! `bench --markdown BENCHMARKS.md` (no root) generates the page's tables
+//! again from the run files committed in docs/bench/ (`mt_agent_tests::bench_md`).
 
 use std::{
     fs,
@@ -161,6 +163,12 @@ fn condition_args(setup: &str, tid: i32) -> Vec<String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, page] = &args[..]
+        && flag == "--markdown"
+    {
+        markdown(Path::new(page));
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let out = args
         .iter()
@@ -241,8 +249,12 @@ fn main() {
     };
 
     let report = json!({
-        "date": chrono_date(),
+        "date": utc("+%Y-%m-%d"),
+        "time_utc": utc("+%H:%M"),
         "quick": plan.quick,
+        "only": only,
+        "machine": machine(),
+        "build": build(),
         "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "perf": Command::new(perf_bin().unwrap()).arg("version").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
         "agent": agent_bin(),
@@ -257,10 +269,7 @@ fn main() {
         "snapshot": snapshot,
         "seconds": started.elapsed().as_secs_f64(),
     });
-    print_tables(&report);
-    report::print(&report["report"]);
-    context_switches::print(&report["switch"]);
-    snapshot_cost::print(&report["snapshot"]);
+    println!("{}", bench_md::tables(&report));
     if let Some(out) = out {
         if let Some(d) = out.parent() {
             let _ = fs::create_dir_all(d);
@@ -295,13 +304,80 @@ fn failures_in(v: &Value) -> Vec<String> {
     }
 }
 
-fn chrono_date() -> String {
-    let out = Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d")
-        .output()
-        .unwrap();
+/// `date -u FORMAT`.
+fn utc(format: &str) -> String {
+    let out = Command::new("date").arg("-u").arg(format).output().unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The machine the run is on, for BENCHMARKS.md's header: CPUs, model and
+/// memory from /proc, and whether perf has a hardware PMU (a `cpu` event
+/// source in sysfs; without one perf samples `cpu-clock`).
+fn machine() -> Value {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, m)| m.trim().to_string());
+    let mem_kib = fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("MemTotal:")?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        });
+    json!({
+        "cpus": thread::available_parallelism().map(|n| n.get()).ok(),
+        "cpu_model": model,
+        "memory_kib": mem_kib,
+        "pmu": Path::new("/sys/bus/event_source/devices/cpu").exists()
+            || Path::new("/sys/bus/event_source/devices/cpu_core").exists(),
+    })
+}
+
+/// How the agent was built: the profile from the bench's own path
+/// (`target/release/bench`), the commit and rustc as `cargo xtask bench`
+/// passes them (MT_BENCH_COMMIT, MT_BENCH_RUSTC).
+fn build() -> Value {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile = exe
+        .parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+        .map(str::to_string);
+    json!({
+        "profile": profile,
+        "commit": std::env::var("MT_BENCH_COMMIT").ok(),
+        "rustc": std::env::var("MT_BENCH_RUSTC").ok(),
+    })
+}
+
+/// `bench --markdown PAGE`: the bench's parts in PAGE (BENCHMARKS.md)
+/// generated again from the run files their markers name (paths relative
+/// to PAGE's directory); rewrites PAGE if they changed. Exit 1 on a bad
+/// marker or run file.
+fn markdown(page: &Path) {
+    let dir = page.parent().unwrap_or(Path::new("."));
+    let text = fs::read_to_string(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+    let load = |file: &str| {
+        let t = fs::read_to_string(dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        serde_json::from_str(&t).map_err(|e| format!("{file}: {e}"))
+    };
+    match bench_md::regenerate(&text, load) {
+        Ok(new) if new == text => eprintln!("bench: {} is up to date", page.display()),
+        Ok(new) => {
+            fs::write(page, new).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+            eprintln!("bench: {}'s tables generated again", page.display());
+        }
+        Err(e) => {
+            eprintln!("bench: {}: {e}", page.display());
+            std::process::exit(1);
+        }
+    }
 }
 
 /// The bench's own eBPF object (the floor program), from the agent's build
@@ -1235,83 +1311,6 @@ fn storm_calls(line: &str) -> Option<(u64, f64)> {
     (secs > 0.0).then_some((n, secs))
 }
 
-/// The storm's second table: speed against none, and what disarming costs
-/// and saves (`--cooldown 100ms`).
-fn print_storm_disarming(r: &Value) {
-    let rows = r["storm"].as_array().cloned().unwrap_or_default();
-    let none = rows
-        .iter()
-        .find(|w| w["setup"] == "none")
-        .and_then(|w| w["calls_per_s"].as_f64());
-    println!(
-        "\n| setup | calls/s | ÷ none | accepted hits | calls trapped | disarm cycles / kept armed | re-arm late p50 / p99 (µs) | re-arm early p50 / p99 (µs) | detach / attach p50 (µs) | agent CPU | hit → kill() p50 / p99 (µs) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let us = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.0}"));
-    for row in &rows {
-        if let Some(line) = failed_row(row, row["setup"].as_str().unwrap_or(""), 11) {
-            println!("{line}");
-            continue;
-        }
-        // The repeated setups: the median of the rounds' own ratios.
-        let ratio = match (row["calls_per_s"].as_f64(), none) {
-            _ if row["ratio_to_none_median"].is_f64() => format!(
-                "{:.2}%",
-                100.0 * row["ratio_to_none_median"].as_f64().unwrap_or(0.0)
-            ),
-            (Some(c), Some(n)) if n > 0.0 => format!("{:.2}%", 100.0 * c / n),
-            _ => "-".into(),
-        };
-        let d = &row["disarm"];
-        let h = &row["hit_to_kill_us"];
-        println!(
-            "| {} | {} | {ratio} | {} | {} | {} / {} | {} / {} | {} / {} | {} / {} | {} | {} / {} |",
-            row["setup"].as_str().unwrap_or(""),
-            f(&row["calls_per_s"]),
-            row["accepted"].to_string().replace("null", "-"),
-            f(&row["seen"]),
-            d["cycles"].to_string().replace("null", "-"),
-            d["kept_armed"].to_string().replace("null", "-"),
-            us(&d["rearm_late_us_p50"]),
-            us(&d["rearm_late_us_p99"]),
-            us(&d["rearm_early_us_p50"]),
-            us(&d["rearm_early_us_p99"]),
-            us(&d["detach_us_p50"]),
-            us(&d["attach_us_p50"]),
-            row["agent_storm_cpu_percent"]
-                .as_f64()
-                .map_or("-".into(), |p| format!("{p:.2}% of a core")),
-            us(&h["p50"]),
-            us(&h["p99"]),
-        );
-    }
-    println!();
-    for row in &rows {
-        if let Some(r) = row["calls_per_s_rounds"].as_array() {
-            let r: Vec<String> = r.iter().map(f).collect();
-            println!(
-                "- {}: calls/s in each round {} (the row is the median)",
-                row["setup"].as_str().unwrap_or(""),
-                r.join(", ")
-            );
-        }
-        if let Some(r) = row["ratio_to_none_rounds"].as_array()
-            && row["setup"] != "none"
-        {
-            let r: Vec<String> = r
-                .iter()
-                .filter_map(Value::as_f64)
-                .map(|x| format!("{:.1}%", 100.0 * x))
-                .collect();
-            println!(
-                "- {}: ÷ none of the same round, sorted: {} (÷ none is the median)",
-                row["setup"].as_str().unwrap_or(""),
-                r.join(", ")
-            );
-        }
-    }
-}
-
 fn dir_bytes(d: &Path) -> u64 {
     fs::read_dir(d)
         .into_iter()
@@ -1554,233 +1553,4 @@ fn stacks(plan: &Plan) -> Value {
             .map(|m| stacks_run(plan, m))
             .collect(),
     )
-}
-
-fn f(v: &Value) -> String {
-    match v.as_f64() {
-        Some(x) if x.is_finite() && x.abs() >= 100.0 => format!("{x:.0}"),
-        Some(x) if x.is_finite() => format!("{x:.1}"),
-        _ => "-".into(),
-    }
-}
-
-/// `v[key]` as a figure, or "failed" when the run behind `v` failed.
-fn fig(v: &Value, key: &str) -> String {
-    if v["failed"].is_string() {
-        "failed".into()
-    } else {
-        f(&v[key])
-    }
-}
-
-/// A whole table row for a failed run (its label, then "failed" and why),
-/// or for a run that gave no figure it can stand by ("no figure" and why).
-fn failed_row(row: &Value, label: &str, columns: usize) -> Option<String> {
-    let rest = " - |".repeat(columns.saturating_sub(2));
-    if let Some(why) = row["failed"].as_str() {
-        return Some(format!("| {label} | failed ({why}) |{rest}"));
-    }
-    let why = row["no_figure"].as_str()?;
-    Some(format!("| {label} | no figure ({why}) |{rest}"))
-}
-
-fn print_tables(r: &Value) {
-    let reps = if r["quick"] == true {
-        "1 run (--quick)"
-    } else {
-        "median of 5 rounds, the setups in turn"
-    };
-    println!("### Per-hit overhead, ns per call above \"none\" ({reps})\n");
-    println!(
-        "| first instruction | none (ns/call) | floor | mt-agent | perf-event | hw-breakpoint | mt-agent / floor | mt-agent / perf-event | mt-agent / hw-breakpoint |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let ratio = |v: &Value| format!("{:.2}", v.as_f64().unwrap_or(f64::NAN));
-    for row in r["overhead"].as_array().into_iter().flatten() {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            row["first_instruction"].as_str().unwrap_or(""),
-            fig(&row["none"], "median"),
-            fig(&row["floor"], "overhead"),
-            fig(&row["mt-agent"], "overhead"),
-            fig(&row["perf-event"], "overhead"),
-            fig(&row["hw-breakpoint"], "overhead"),
-            ratio(&row["mt_agent_over_floor"]),
-            ratio(&row["mt_agent_over_perf_event"]),
-            ratio(&row["mt_agent_over_hw_breakpoint"]),
-        );
-    }
-    println!("\n### What conditions add per call, ns above plain mt-agent ({reps})\n");
-    println!(
-        "| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than --no-off-cpu (the agent's choice) | + --probe-rets (uprobe on each ret) | + --use-uretprobe | floor |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for row in r["overhead"].as_array().into_iter().flatten() {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            row["first_instruction"].as_str().unwrap_or(""),
-            fig(&row["mt-agent"], "overhead"),
-            f(&row["conditions_add_ns"]),
-            f(&row["slower_than_adds_ns"]),
-            f(&row["ret_probes_add_ns"]),
-            f(&row["uretprobe_adds_ns"]),
-            fig(&row["floor"], "overhead"),
-        );
-    }
-    println!("\n### Trigger → snapshot latency (hit to perf's rename, ms)\n");
-    println!("| setup | n | p50 | p90 | p99 | max | p50 / p99 ÷ perf-event's |");
-    println!("|---|---|---|---|---|---|---|");
-    let rows = r["latency"].as_array().cloned().unwrap_or_default();
-    let perf_event = rows
-        .iter()
-        .find(|r| r["setup"] == "perf-event" && r["failed"].is_null() && r["no_figure"].is_null());
-    for row in &rows {
-        if let Some(line) = failed_row(row, row["setup"].as_str().unwrap_or(""), 7) {
-            println!("{line}");
-            continue;
-        }
-        let l = &row["rename_ms"];
-        let q = |l: &Value, p: &str| l[p].as_f64().unwrap_or(f64::NAN);
-        let vs = perf_event.map_or("-".into(), |pe| {
-            let pe = &pe["rename_ms"];
-            format!(
-                "{:.2} / {:.2}",
-                q(l, "p50") / q(pe, "p50"),
-                q(l, "p99") / q(pe, "p99")
-            )
-        });
-        println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
-            row["setup"].as_str().unwrap_or(""),
-            l["n"],
-            q(l, "p50"),
-            q(l, "p90"),
-            q(l, "p99"),
-            q(l, "max"),
-            vs
-        );
-    }
-    for row in r["latency"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| !r["hit_to_kill_us"].is_null() && !r["failed"].is_string())
-    {
-        let l = &row["hit_to_kill_us"];
-        println!(
-            "| {}: hit → kill(), µs | {} | {:.0} | {:.0} | {:.0} | {:.0} | - |",
-            row["setup"].as_str().unwrap_or(""),
-            l["n"],
-            l["p50"].as_f64().unwrap_or(f64::NAN),
-            l["p90"].as_f64().unwrap_or(f64::NAN),
-            l["p99"].as_f64().unwrap_or(f64::NAN),
-            l["max"].as_f64().unwrap_or(f64::NAN)
-        );
-    }
-    println!("\n### Storm: trigger_nop5 called as fast as one thread can\n");
-    println!(
-        "| setup | calls/s | snapshot files | agent CPU during the storm | agent RSS during / peak (KiB) | hits seen / accounted | perf CPU (s) | disk (KiB) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    for row in r["storm"].as_array().into_iter().flatten() {
-        if let Some(line) = failed_row(row, row["setup"].as_str().unwrap_or(""), 8) {
-            println!("{line}");
-            continue;
-        }
-        let files = if row["setup"] == "perf-event" {
-            format!(
-                "{} written, {} kept",
-                row["snapshot_files_written"], row["snapshot_files_kept"]
-            )
-        } else {
-            row["snapshot_files"].to_string().replace("null", "-")
-        };
-        println!(
-            "| {} | {} | {} | {} | {} / {} | {} / {} | {} | {} |",
-            row["setup"].as_str().unwrap_or(""),
-            f(&row["calls_per_s"]),
-            files,
-            row["agent_storm_cpu_percent"]
-                .as_f64()
-                .map_or("-".into(), |p| format!("{p:.2}% of a core")),
-            row["agent_rss_kib_during"].to_string().replace("null", "-"),
-            row["agent_peak_rss_kib"].to_string().replace("null", "-"),
-            row["seen"].to_string().replace("null", "-"),
-            row["accounted"].to_string().replace("null", "-"),
-            f(&row["perf_cpu_s"]),
-            row["disk_bytes"]
-                .as_u64()
-                .map_or("-".into(), |b| (b / 1024).to_string())
-        );
-    }
-    print_storm_disarming(r);
-    println!(
-        "\n### Waiting: a busy 2-thread target that never hits ({:.0} s per mode)\n",
-        r["waiting"][0]["waited_s"].as_f64().unwrap_or(0.0)
-    );
-    println!(
-        "| recording | OUT bytes while waiting | OUT bytes at the end | MB per hour of waiting | perf CPU s per hour | agent CPU s | agent peak RSS (KiB) | bytes/h ÷ continuous |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    let rows = r["waiting"].as_array().cloned().unwrap_or_default();
-    let cont = rows
-        .iter()
-        .find(|w| w["mode"] == "continuous")
-        .and_then(|w| w["bytes_per_hour"].as_f64());
-    for w in &rows {
-        if let Some(line) = failed_row(w, w["mode"].as_str().unwrap_or(""), 8) {
-            println!("{line}");
-            continue;
-        }
-        let bph = w["bytes_per_hour"].as_f64().unwrap_or(f64::NAN);
-        println!(
-            "| {} | {} | {} | {:.2} | {} | {} | {} | {} |",
-            w["mode"].as_str().unwrap_or(""),
-            w["out_bytes_while_waiting"],
-            w["out_bytes_at_end"],
-            bph / 1e6,
-            f(&w["perf_cpu_s_per_hour"]),
-            f(&w["agent_cpu_s"]),
-            w["agent_peak_rss_kib"],
-            cont.map_or("-".into(), |c| format!("{:.4}", bph / c)),
-        );
-    }
-    println!(
-        "\n### Stacks: frame pointers vs DWARF, a target built with -fomit-frame-pointer at 999 Hz\n"
-    );
-    println!(
-        "| --call-graph | samples | reach main | bytes per sample | perf CPU (s, start-up included) | a 16 MiB ring would reach back (s, derived: 16 MiB ÷ bytes per sample ÷ 999 Hz) |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for row in r["stacks"].as_array().into_iter().flatten() {
-        if let Some(line) = failed_row(row, row["mode"].as_str().unwrap_or(""), 6) {
-            println!("{line}");
-            continue;
-        }
-        println!(
-            "| {} | {} | {:.0}% | {} | {:.2} | {} |",
-            row["mode"].as_str().unwrap_or(""),
-            row["samples"],
-            row["reach_main_percent"].as_f64().unwrap_or(f64::NAN),
-            f(&row["bytes_per_sample"]),
-            row["perf_cpu_s"].as_f64().unwrap_or(f64::NAN),
-            f(&row["ring_16mib_seconds_derived"]),
-        );
-    }
-    println!("\n### Time to armed\n");
-    if let Some(why) = r["time_to_armed"]["failed"].as_str() {
-        println!("failed ({why})");
-        return;
-    }
-    println!(
-        "median {} ms over {:?}",
-        f(&r["time_to_armed"]["median"]),
-        r["time_to_armed"]["ms"]
-            .as_array()
-            .map(|v| v
-                .iter()
-                .map(|x| format!("{:.0}", x.as_f64().unwrap_or(0.0)))
-                .collect::<Vec<_>>())
-            .unwrap_or_default()
-    );
 }

@@ -164,24 +164,3 @@ pub fn run(quick: bool) -> Value {
         "anchor": if bins.is_some() { "inferno binaries" } else { "inferno library, in process" },
     })
 }
-
-/// Prints the part's table.
-pub fn print(r: &Value) {
-    if r.is_null() {
-        return;
-    }
-    println!("\n### Report: `mt-agent report` against the anchor pipeline\n");
-    println!(
-        "| snapshots | MB | mt-agent report (s) | perf script \\| inferno-collapse-perf \\| inferno-flamegraph, per file (s) | ratio | anchor's inferno |"
-    );
-    println!("|---|---|---|---|---|---|");
-    println!(
-        "| {} | {:.1} | {:.2} | {:.2} | {:.2}x | {} |",
-        r["files"],
-        r["bytes"].as_f64().unwrap_or(0.0) / 1e6,
-        r["report_s"].as_f64().unwrap_or(f64::NAN),
-        r["anchor_s"].as_f64().unwrap_or(f64::NAN),
-        r["ratio"].as_f64().unwrap_or(f64::NAN),
-        r["anchor"].as_str().unwrap_or("")
-    );
-}
