@@ -257,16 +257,19 @@ fn conditions(run: &Value) -> String {
         "**What conditions add per call, ns above plain mt-agent ({})**\n\n",
         reps(run)
     );
-    s.push_str("| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than (uprobe on each ret) |\n");
-    s.push_str("|---|---|---|---|\n");
+    s.push_str("| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than --no-off-cpu (the agent's choice) | + --probe-rets (uprobe on each ret) | + --use-uretprobe | floor |\n");
+    s.push_str("|---|---|---|---|---|---|---|\n");
     for row in rows(&run["overhead"]) {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             label(&row, "first_instruction"),
             fig(&row["mt-agent"], "overhead"),
             f(&row["conditions_add_ns"]),
             f(&row["slower_than_adds_ns"]),
+            f(&row["ret_probes_add_ns"]),
+            f(&row["uretprobe_adds_ns"]),
+            fig(&row["floor"], "overhead"),
         );
     }
     s

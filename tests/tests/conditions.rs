@@ -107,6 +107,66 @@ fn slower_than_triggers_at_the_return_of_slow_calls() {
         assert_eq!(n(&h["retval"]), 2 * n(&h["args"][0]), "{h}");
     }
     assert_eq!(n(&counters(&run)["dropped"]["duration"]), 47);
+    // The off-CPU breakdown (on by default here) records DWARF stacks,
+    // which a uretprobe would cut: the `ret` probes stay.
+    assert_returns(&run, "ret", Some("off-CPU"));
+}
+
+#[test]
+fn slower_than_uses_a_uretprobe_where_it_is_proven_harmless() {
+    // A C process, frame-pointer stacks, no off-CPU breakdown: the
+    // uretprobe is proven harmless and chosen (no single-stepped `ret`).
+    let mut t = Target::start(&target_path("target"), &["slow", "50"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "25ms",
+            "--cooldown",
+            "0",
+            "--no-off-cpu",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    for h in run.hits() {
+        assert_eq!(n(&h["retval"]), 2 * n(&h["args"][0]), "{h}");
+    }
+    assert_returns(&run, "uretprobe", None);
+}
+
+/// The `armed` event says how the returns are seen, and why not by a
+/// uretprobe (a phrase the reason contains).
+fn assert_returns(run: &Run, how: &str, why: Option<&str>) {
+    let a = armed_event(&run.stdout).unwrap_or_else(|| panic!("{}", run.output()));
+    assert_eq!(a["returns"], how, "{a}");
+    match why {
+        Some(w) => assert!(
+            a["returns_why"].as_str().is_some_and(|r| r.contains(w)),
+            "{a}"
+        ),
+        None => assert!(a["returns_why"].is_null(), "{a}"),
+    }
+}
+
+#[test]
+fn probe_rets_keeps_the_uprobes_on_each_ret() {
+    let mut t = Target::start(&target_path("target"), &["slow", "50"]);
+    let run = capture(
+        &mut t,
+        &[
+            "--symbol",
+            "f_slow",
+            "--slower-than",
+            "25ms",
+            "--cooldown",
+            "0",
+            "--probe-rets",
+        ],
+    );
+    assert_three_slow_calls(&run, |h| n(&h["args"][0]));
+    assert_returns(&run, "ret", Some("--probe-rets"));
 }
 
 /// Back-to-back calls of 150 ms (CPU-bound and sleeping, alternately) of
@@ -335,6 +395,9 @@ fn cpp_exceptions_through_a_timed_function() {
             "0",
         ],
     );
+    // The C++ runtime is mapped: no uretprobe, whose frame an exception
+    // could not unwind through.
+    assert_returns(&run, "ret", Some("exceptions"));
     // The program survived and caught every exception.
     assert!(
         t.proc.stdout().iter().any(|l| l == "caught 10"),
@@ -402,6 +465,7 @@ fn go_register_abi_and_moving_stacks() {
     for h in run.hits() {
         assert_eq!(n(&h["retval"]), n(&h["args"][0]) + 1, "{h}");
     }
+    assert_returns(&run, "ret", Some("Go"));
 
     // --use-uretprobe is refused on Go.
     let idle = Target::start(&bin, &["calls", "1", "1"]);
@@ -479,6 +543,8 @@ fn a_tail_jump_warning_suggests_the_uretprobe() {
         "--duration",
         "1s",
     ];
+    // The `ret` probes (here for the off-CPU breakdown's DWARF stacks) miss
+    // the tail jump.
     let run = Agent::start(&base).finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let warning = run
@@ -491,14 +557,19 @@ fn a_tail_jump_warning_suggests_the_uretprobe() {
         "{warning}"
     );
     assert!(warning.contains("--use-uretprobe"), "{warning}");
-    // With the uretprobe there is nothing to warn of.
-    let mut with = base.to_vec();
-    with.push("--use-uretprobe");
-    let run = Agent::start(&with).finish(FINISH);
-    assert_eq!(run.code, Some(0), "{}", run.output());
-    assert!(
-        !run.stderr.iter().any(|l| l.contains("tail jump")),
-        "{}",
-        run.output()
-    );
+    // With the uretprobe, forced or chosen (a C target without the off-CPU
+    // breakdown), there is nothing to warn of.
+    let mut forced = base.to_vec();
+    forced.push("--use-uretprobe");
+    let mut chosen = base.to_vec();
+    chosen.push("--no-off-cpu");
+    for args in [&chosen[..], &forced] {
+        let run = Agent::start(args).finish(FINISH);
+        assert_eq!(run.code, Some(0), "{}", run.output());
+        assert!(
+            !run.stderr.iter().any(|l| l.contains("tail jump")),
+            "{}",
+            run.output()
+        );
+    }
 }

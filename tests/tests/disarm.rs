@@ -93,6 +93,7 @@ fn wait_event(agent: &mut Agent, name: &str) {
 struct Armed {
     object: PathBuf,
     entry: u64,
+    /// Breakpoints the probes write into the code.
     uprobes: usize,
 }
 
@@ -101,7 +102,8 @@ fn armed_info(agent: &Agent) -> Armed {
     Armed {
         object: PathBuf::from(a["object"].as_str().unwrap()),
         entry: a["attach_offset"].as_u64().unwrap(),
-        uprobes: a["uprobes"].as_u64().unwrap() as usize,
+        // A uretprobe shares the entry's breakpoint: one `int3` fewer.
+        uprobes: a["uprobes"].as_u64().unwrap() as usize - usize::from(a["returns"] == "uretprobe"),
     }
 }
 

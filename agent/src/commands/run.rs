@@ -119,12 +119,15 @@ fn prepare(
         std::thread::spawn(move || perf::binary::perf_version(&p))
     };
     // Resolve every trigger before creating anything.
-    let resolved = resolve_all(plan, printer)?;
+    let mut resolved = resolve_all(plan, printer)?;
     let unwinding = decide_unwinding(
         args,
         &plan.settings,
         resolved.iter().map(|r| (&r.res, &r.watch)),
     )?;
+    for (t, r) in plan.triggers.iter().zip(&mut resolved) {
+        choose_uretprobe(t, r, &unwinding, printer);
+    }
     printer.verbose(&format!(
         "stacks: --call-graph {} ({})",
         unwinding.mode, unwinding.reason
@@ -265,6 +268,10 @@ struct Resolved {
     watch: Watch,
     /// The return probes (`--slower-than`).
     returns: Vec<Uprobe>,
+    /// Why the returns are seen by uprobes on `ret`s, not a uretprobe.
+    returns_why: Option<String>,
+    /// What the `ret` uprobes miss (tail jumps), warned of if they stay.
+    ret_warning: Option<String>,
     cfg: agent_common::TriggerConfig,
 }
 
@@ -293,7 +300,7 @@ fn resolve_all(plan: &Plan, printer: &Printer) -> Result<Vec<Resolved>, Failure>
         for note in &res.notes {
             printer.warning(note);
         }
-        let returns = plan_returns(t, &res, printer)?;
+        let (returns, ret_warning) = plan_returns(t, &res, printer)?;
         let mut cfg = trigger_config(&t.filters, res.is_go)?;
         if matches!(watch, Watch::Exe { .. }) {
             // Many processes fire this trigger: each keeps its own cooldown,
@@ -320,6 +327,8 @@ fn resolve_all(plan: &Plan, printer: &Printer) -> Result<Vec<Resolved>, Failure>
             res,
             watch,
             returns,
+            returns_why: None,
+            ret_warning,
             cfg,
         });
     }
@@ -453,6 +462,11 @@ fn armed(index: u32, r: &Resolved, out: &Path, shown: &Shown, off_cpu: bool) -> 
         object: res.object.path.clone(),
         attach_offset: res.attach_offset,
         uprobes: 1 + r.returns.len(),
+        returns: r
+            .returns
+            .first()
+            .map(|u| if u.is_uretprobe() { "uretprobe" } else { "ret" }),
+        returns_why: r.returns_why.clone(),
         cost: res.cost.clone(),
         output: out.to_path_buf(),
         time_to_armed_ms: 0.0,
@@ -648,14 +662,15 @@ fn exe_identity(path: &Path) -> Result<(u64, u64), Failure> {
     Ok((m.dev(), m.ino()))
 }
 
-/// For `--slower-than`: the uprobes that see the returns.
+/// For `--slower-than`: the uprobes that see the returns, and, for `ret`
+/// uprobes, a warning of the exits they miss.
 fn plan_returns(
     t: &TriggerPlan,
     res: &Resolution,
     printer: &Printer,
-) -> Result<Vec<Uprobe>, Failure> {
+) -> Result<(Vec<Uprobe>, Option<String>), Failure> {
     if t.filters.slower_than.is_none() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
     if res.probe_offset > 0 {
         // The entry probe would see the stack pointer after the prologue's
@@ -678,24 +693,126 @@ fn plan_returns(
             "--use-uretprobe: a uretprobe replaces the return address, which breaks C++ exception \
              unwinding through the function (sourceware bug 12275); prefer the default",
         );
-        return Ok(vec![Uprobe {
+        let uretprobe = Uprobe {
             program: Program::Uretprobe,
             offset: res.attach_offset,
-        }]);
+        };
+        return Ok((vec![uretprobe], None));
     }
-    let offsets = ret_offsets(res, printer)?;
-    Ok(offsets
+    let (offsets, warning) = ret_offsets(res)?;
+    let probes = offsets
         .into_iter()
         .map(|offset| Uprobe {
             program: Program::Return,
             offset,
         })
-        .collect())
+        .collect();
+    Ok((probes, warning))
+}
+
+/// For `--slower-than` without `--use-uretprobe`: sees the returns with a
+/// uretprobe instead of the uprobes on each `ret` when no process the
+/// uprobes reach can be harmed by one
+/// ([`symbols::uretprobe_safety::process_hazard`]) and stacks are unwound
+/// with frame pointers (the kernel gives a frame-pointer stack the real
+/// return address; a DWARF stack is cut at the trampoline), docs/uprobe-cost.md.
+fn choose_uretprobe(
+    t: &TriggerPlan,
+    r: &mut Resolved,
+    unwinding: &unwind::Unwinding,
+    printer: &Printer,
+) {
+    if !r.returns.iter().any(|u| u.program == Program::Return) {
+        if r.returns.iter().any(Uprobe::is_uretprobe) && unwinding.mode != "fp" {
+            printer.warning(&format!(
+                "--use-uretprobe with --call-graph {}: a sample taken while a call is pending \
+                 ends its stack at the uretprobe's trampoline ([unknown]); --call-graph fp \
+                 keeps it whole",
+                unwinding.mode
+            ));
+        }
+        return;
+    }
+    let why = uretprobe_hazard(t, r, unwinding);
+    let f = &r.res.function.demangled;
+    match &why {
+        None => {
+            printer.verbose(&format!(
+                "--slower-than: the returns of {f} are seen by a uretprobe (no process it reaches \
+                 raises exceptions, runs Go, switches stacks or loads code later)"
+            ));
+            r.returns = vec![Uprobe {
+                program: Program::Uretprobe,
+                offset: r.res.attach_offset,
+            }];
+        }
+        Some(why) => {
+            printer.verbose(&format!(
+                "--slower-than: the returns of {f} are seen by uprobes on {} `ret`(s), \
+                 single-stepped (a uretprobe would cost less, but is not proven harmless: {why})",
+                r.returns.len()
+            ));
+            if let Some(w) = &r.ret_warning {
+                printer.warning(w);
+            }
+        }
+    }
+    r.returns_why = why;
+}
+
+/// Why a uretprobe is not proven harmless for this trigger, if it is not.
+fn uretprobe_hazard(
+    t: &TriggerPlan,
+    r: &Resolved,
+    unwinding: &unwind::Unwinding,
+) -> Option<String> {
+    use crate::symbols::uretprobe_safety::{process_hazard, processes_mapping};
+    if t.probe_rets {
+        return Some("--probe-rets".into());
+    }
+    if r.res.is_go {
+        return Some("the function is Go's (its runtime walks and moves stacks)".into());
+    }
+    let Watch::Pid(pid) = r.watch else {
+        return Some(
+            "--exe: the processes it will trace cannot be checked before they start".into(),
+        );
+    };
+    let mut pids = vec![pid];
+    if r.cfg.flags & agent_common::CFG_FOLLOW_FORKS != 0 {
+        // File-wide uprobes: every process that maps the executable.
+        let o = &r.res.object;
+        pids.extend(
+            processes_mapping(o.inode, &o.path)
+                .into_iter()
+                .filter(|p| *p != pid),
+        );
+    }
+    let hazard = pids
+        .iter()
+        .find_map(|p| process_hazard(*p).map(|h| format!("in process {p}, {h}")));
+    hazard
+        .or_else(|| {
+            (unwinding.mode != "fp").then(|| {
+                format!(
+                    "stacks are unwound with --call-graph {}, which a pending uretprobe cuts at \
+                     the kernel's trampoline",
+                    unwinding.mode
+                )
+            })
+        })
+        .or_else(|| {
+            t.off_cpu.is_some().then(|| {
+                "the off-CPU breakdown's stacks are DWARF copies, which a pending uretprobe cuts \
+                 at the kernel's trampoline (--no-off-cpu lets mt-agent choose the uretprobe)"
+                    .into()
+            })
+        })
 }
 
 /// The file offsets of a function's `ret` instructions, its `.cold` part
-/// included; a warning names the exits no probe sees.
-fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure> {
+/// included, and a warning naming the exits no probe sees, if any.
+fn ret_offsets(res: &Resolution) -> Result<(Vec<u64>, Option<String>), Failure> {
     let f = &res.function;
     let cold_range: Vec<(u64, u64)> = res
         .cold
@@ -723,17 +840,17 @@ fn ret_offsets(res: &Resolution, printer: &Printer) -> Result<Vec<u64>, Failure>
             f.demangled
         )));
     }
-    if tail_jumps + indirect > 0 {
-        printer.warning(&format!(
+    let warning = (tail_jumps + indirect > 0).then(|| {
+        format!(
             "--slower-than: {} return(s) probed; {tail_jumps} tail jump(s) and {indirect} indirect \
              jump(s) leave {} without a probed `ret`: such calls are not timed (counted as no-return). \
              --use-uretprobe times every return (refused on Go; it breaks C++ exception unwinding \
              through the function)",
             offsets.len(),
             f.demangled
-        ));
-    }
-    Ok(offsets)
+        )
+    });
+    Ok((offsets, warning))
 }
 
 /// CPU time this process has used (user + system, all threads), seconds.

@@ -284,16 +284,25 @@ pub struct TriggerOptions {
     pub when: Vec<String>,
 
     /// Trigger at the return of calls that lasted at least DURATION. The
-    /// returns are seen by uprobes on each `ret` instruction.
+    /// returns are seen by uprobes on each `ret` instruction (~6 µs a call),
+    /// or by a uretprobe (~1 µs) where mt-agent proves it harmless: a C
+    /// process (no exceptions, Go, stack switching or dlopen) with
+    /// frame-pointer stacks and --no-off-cpu (docs/uprobe-cost.md).
     #[arg(long, value_name = "DURATION", value_parser = duration_text)]
     pub slower_than: Option<String>,
 
-    /// With --slower-than: see returns with a uretprobe instead of probing
-    /// `ret` instructions. Breaks C++ exception unwinding through the
-    /// function; refused on Go binaries.
-    #[arg(long, requires = "slower_than")]
+    /// With --slower-than: see returns with a uretprobe even where it is not
+    /// proven harmless. Breaks C++ exception unwinding through the function;
+    /// refused on Go binaries.
+    #[arg(long, requires = "slower_than", conflicts_with = "probe_rets")]
     #[serde(default)]
     pub use_uretprobe: bool,
+
+    /// With --slower-than: see returns with uprobes on each `ret`
+    /// instruction even where a uretprobe is proven harmless.
+    #[arg(long, requires = "slower_than")]
+    #[serde(default)]
+    pub probe_rets: bool,
 
     /// Keep the uprobes attached during cooldowns (and --max-rate
     /// intervals), so that `seen` counts every call. By default a `--pid`

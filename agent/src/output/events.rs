@@ -47,6 +47,13 @@ pub struct Armed {
     pub attach_offset: u64,
     /// Number of uprobes attached (entry, plus returns for --slower-than).
     pub uprobes: usize,
+    /// `--slower-than`: how the returns are seen, `uretprobe` or `ret`
+    /// (uprobes on each `ret` instruction).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub returns: Option<&'static str>,
+    /// Why not by a uretprobe, when by uprobes on `ret`s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub returns_why: Option<String>,
     /// What a hit costs, from the probed instruction.
     pub cost: Option<CostHint>,
     /// Output directory.
@@ -688,6 +695,8 @@ mod tests {
             object: "/srv/app".into(),
             attach_offset: 0,
             uprobes: 2,
+            returns: None,
+            returns_why: None,
             cost: None,
             output: "/out".into(),
             time_to_armed_ms: 0.0,

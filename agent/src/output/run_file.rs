@@ -109,6 +109,8 @@ mod tests {
             object: "/bin/x".into(),
             attach_offset: 0,
             uprobes: 1,
+            returns: None,
+            returns_why: None,
             cost: None,
             output,
             time_to_armed_ms: 0.0,

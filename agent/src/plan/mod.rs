@@ -49,6 +49,8 @@ pub struct TriggerPlan {
     pub wait_for_symbol: Option<Duration>,
     pub filters: Filters,
     pub use_uretprobe: bool,
+    /// `--probe-rets`: never choose the uretprobe by proof.
+    pub probe_rets: bool,
     /// `--always-armed`: never detach the uprobes during a cooldown.
     pub always_armed: bool,
     /// A `--pid` trigger also counts the calls of processes forked from
@@ -323,6 +325,7 @@ fn trigger_plan(o: &TriggerOptions, name: String) -> Result<TriggerPlan, Failure
                 .expect("the default cooldown parses"),
         },
         use_uretprobe: o.use_uretprobe,
+        probe_rets: o.probe_rets,
         always_armed: o.always_armed,
         follow_forks: o.pid.is_some() && !o.no_follow_forks,
         off_cpu: off_cpu(o, duration("off_cpu_window", &o.off_cpu_window)?),

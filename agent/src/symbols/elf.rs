@@ -242,6 +242,56 @@ impl ElfObject {
         })
     }
 
+    /// Whether the object has a section of this name.
+    pub fn has_section(&self, name: &str) -> bool {
+        self.elf().is_ok_and(|f| f.section_by_name(name).is_some())
+    }
+
+    /// `DT_SONAME` of the dynamic section, if any.
+    pub fn soname(&self) -> Option<String> {
+        use object::read::elf::Dyn as _;
+        let f = self.elf().ok()?;
+        let e = f.endian();
+        let sections = f.elf_section_table();
+        let (dynamic, link) = sections.dynamic(e, f.data()).ok()??;
+        let strings = sections.strings(e, f.data(), link).ok()?;
+        dynamic
+            .iter()
+            .find(|d| d.tag32(e) == Some(elf::DT_SONAME))
+            .and_then(|d| u32::try_from(Into::<u64>::into(d.d_val(e))).ok())
+            .and_then(|at| strings.get(at).ok())
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+    }
+
+    /// The names among `wanted` this object defines and those it imports
+    /// (undefined), from `.dynsym` and `.symtab`, without versions.
+    pub fn symbols_among(&self, wanted: &[&str]) -> (Vec<String>, Vec<String>) {
+        let (mut defined, mut imported) = (Vec::new(), Vec::new());
+        let Ok(f) = self.elf() else {
+            return (defined, imported);
+        };
+        let e = f.endian();
+        for symbols in [f.elf_dynamic_symbol_table(), f.elf_symbol_table()] {
+            for sym in symbols.iter() {
+                let Ok(name) = sym.name(e, symbols.strings()) else {
+                    continue;
+                };
+                let Some(w) = wanted.iter().find(|w| w.as_bytes() == name) else {
+                    continue;
+                };
+                let list = if sym.is_undefined(e) {
+                    &mut imported
+                } else {
+                    &mut defined
+                };
+                if !list.iter().any(|n| n == w) {
+                    list.push(w.to_string());
+                }
+            }
+        }
+        (defined, imported)
+    }
+
     /// The GNU build-id note, if any.
     pub fn build_id(&self) -> Option<Vec<u8>> {
         self.elf().ok()?.build_id().ok()?.map(<[u8]>::to_vec)

@@ -12,8 +12,8 @@
 //! * `push reg`, NOPs, and relative `jmp`, `call` and `jcc` are emulated: no
 //!   single-step;
 //! * anything else, `ret` included, is single-stepped out of line: a second
-//!   trap (the bench's `--slower-than` row, a uprobe on a `ret`, costs the
-//!   same).
+//!   trap (the bench's `--slower-than --probe-rets` row, a uprobe on a
+//!   `ret`, costs the same; docs/uprobe-cost.md, "Seeing the returns").
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, Instruction, Mnemonic, NasmFormatter,

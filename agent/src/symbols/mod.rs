@@ -29,6 +29,7 @@ pub mod insn;
 pub mod maps;
 pub mod names;
 mod unmapped;
+pub mod uretprobe_safety;
 
 use std::{
     cell::OnceCell,

@@ -118,12 +118,14 @@ const FUNCS: [(&str, &str, &str); 3] = [
     ("step", "trigger_step", "mov rip-relative (single-stepped)"),
 ];
 
-const SETUPS: [&str; 7] = [
+const SETUPS: [&str; 9] = [
     "none",
     "floor",
     "mt-agent",
     "mt-agent conditions",
     "mt-agent slower-than",
+    "mt-agent slower-than ret-probes",
+    "mt-agent slower-than uretprobe",
     "perf-event",
     "hw-breakpoint",
 ];
@@ -131,8 +133,17 @@ const SETUPS: [&str; 7] = [
 /// What the two condition setups add to the mt-agent command line. Every
 /// hit passes the thread and argument tests (arg0 is the loop index) and
 /// `--every` rejects it, so the whole in-kernel filter runs on each call;
-/// `--slower-than` adds a uprobe on the `ret` and a duration never reached.
+/// `--slower-than` adds a duration never reached and the probes that see the
+/// returns: the agent's choice (with `--no-off-cpu`, whose DWARF switch
+/// stacks would keep the `ret` probes: a uretprobe where it proves it safe,
+/// docs/uprobe-cost.md), forced uprobes on each `ret` (`--probe-rets`), or a
+/// forced uretprobe (`--use-uretprobe`).
 fn condition_args(setup: &str, tid: i32) -> Vec<String> {
+    let slower = |extra: &[&str]| {
+        let mut v: Vec<String> = vec!["--slower-than".into(), "10s".into(), "--no-off-cpu".into()];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
     match setup {
         "mt-agent conditions" => vec![
             "--tid".into(),
@@ -144,7 +155,9 @@ fn condition_args(setup: &str, tid: i32) -> Vec<String> {
             "--every".into(),
             "1000000000".into(),
         ],
-        "mt-agent slower-than" => vec!["--slower-than".into(), "10s".into()],
+        "mt-agent slower-than" => slower(&[]),
+        "mt-agent slower-than ret-probes" => slower(&["--probe-rets"]),
+        "mt-agent slower-than uretprobe" => slower(&["--use-uretprobe"]),
         _ => Vec::new(),
     }
 }
@@ -722,7 +735,11 @@ fn bench_run(
             perf = Some(PerfProc::start(&record_args(pid, rec_dir.path())));
             _floor = Some(Floor::attach(object, pid, &bin, func));
         }
-        "mt-agent" | "mt-agent conditions" | "mt-agent slower-than" => {
+        "mt-agent"
+        | "mt-agent conditions"
+        | "mt-agent slower-than"
+        | "mt-agent slower-than ret-probes"
+        | "mt-agent slower-than uretprobe" => {
             let p = pid.to_string();
             // The warm-up call takes the one snapshot; the cooldown keeps
             // perf's file switches out of the timed loops.
@@ -946,6 +963,14 @@ fn overhead(plan: &Plan, object: &Path, select: &Select) -> Value {
             ("mt_agent_over_hw_breakpoint", ours / over("hw-breakpoint")),
             ("conditions_add_ns", over("mt-agent conditions") - ours),
             ("slower_than_adds_ns", over("mt-agent slower-than") - ours),
+            (
+                "ret_probes_add_ns",
+                over("mt-agent slower-than ret-probes") - ours,
+            ),
+            (
+                "uretprobe_adds_ns",
+                over("mt-agent slower-than uretprobe") - ours,
+            ),
         ];
         for (key, value) in derived {
             row[key] = json!(value);
