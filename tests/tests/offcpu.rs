@@ -525,7 +525,8 @@ fn the_report_of_a_blocked_call_has_wait_part_on_top_and_its_timeline_in_order()
     }
 }
 
-/// `mt-agent report OUT --json`: one object per hit.
+/// `mt-agent report OUT --json`: one object per hit (the run's object,
+/// printed after them, left out).
 fn report_json(out: &Path) -> Vec<Value> {
     let o = Command::new(agent_bin())
         .args(["report", "--json"])
@@ -540,7 +541,8 @@ fn report_json(out: &Path) -> Vec<Value> {
     );
     stdout
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|v| v["event"] == "hit")
         .collect()
 }
 
