@@ -977,12 +977,13 @@ pub fn go_target() -> PathBuf {
     .clone()
 }
 
-/// Runs `mt-agent report OUT`, fails on a non-zero exit with its stderr, and
-/// returns the page (`OUT/report.html`).
-pub fn report_page(out: &Path) -> String {
+/// Runs `mt-agent report OUT ARGS...` and fails on a non-zero exit with
+/// its stderr; returns what it printed.
+pub fn report_ok(out: &Path, args: &[&str]) -> std::process::Output {
     let o = Command::new(agent_bin())
         .arg("report")
         .arg(out)
+        .args(args)
         .output()
         .expect("mt-agent report");
     assert!(
@@ -990,6 +991,13 @@ pub fn report_page(out: &Path) -> String {
         "mt-agent report: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+    o
+}
+
+/// Runs `mt-agent report OUT` ([`report_ok`]) and returns the page
+/// (`OUT/report.html`).
+pub fn report_page(out: &Path) -> String {
+    report_ok(out, &[]);
     fs::read_to_string(out.join("report.html")).expect("report page")
 }
 

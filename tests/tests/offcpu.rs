@@ -528,18 +528,8 @@ fn the_report_of_a_blocked_call_has_wait_part_on_top_and_its_timeline_in_order()
 /// `mt-agent report OUT --json`: one object per hit (the run's object,
 /// printed after them, left out).
 fn report_json(out: &Path) -> Vec<Value> {
-    let o = Command::new(agent_bin())
-        .args(["report", "--json"])
-        .arg(out)
-        .output()
-        .expect("mt-agent report");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "mt-agent report --json: {}{stdout}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    stdout
+    let o = mt_agent_tests::report_ok(out, &["--json"]);
+    String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .filter(|v| v["event"] == "hit")

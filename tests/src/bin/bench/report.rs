@@ -151,16 +151,7 @@ pub fn kept_files(run: &Run) -> (Vec<PathBuf>, u64) {
 /// Seconds `mt-agent report OUT` takes; panics with its stderr if it fails.
 pub fn report_seconds(out: &Path) -> f64 {
     let t0 = Instant::now();
-    let o = Command::new(agent_bin())
-        .arg("report")
-        .arg(out)
-        .output()
-        .expect("mt-agent report");
-    assert!(
-        o.status.success(),
-        "mt-agent report failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    mt_agent_tests::report_ok(out, &[]);
     t0.elapsed().as_secs_f64()
 }
 
