@@ -12,6 +12,8 @@ pub mod plan;
 
 pub mod capture;
 
+pub mod upload;
+
 pub mod disarm;
 
 pub mod probe;

@@ -22,8 +22,10 @@ use crate::util::{on_path, output, privileged, run};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages needed to build everything, the demo included (the test
-/// crate compiles C and C++ programs).
-const BUILD_PACKAGES: &[&str] = &["gcc", "g++", "binutils"];
+/// crate compiles C and C++ programs). musl-tools gives `musl-gcc`, which
+/// builds the C in the TLS library (aws-lc-sys, for the S3 upload) for the
+/// static musl binary of `cargo xtask dist`.
+const BUILD_PACKAGES: &[&str] = &["gcc", "g++", "binutils", "musl-tools"];
 
 /// Debian packages the tests also need.
 const TEST_PACKAGES: &[&str] = &[
