@@ -3,3 +3,4 @@
 //! from the driver; and the store's side of the fleet report.
 
 pub mod keys;
+pub mod store;
