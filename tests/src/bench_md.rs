@@ -31,6 +31,7 @@ pub const PARTS: &[&str] = &[
     "switch",
     "snapshot",
     "large",
+    "upload",
 ];
 
 /// Every table of a run, as the bench prints them after it.
@@ -59,6 +60,7 @@ pub fn part(run: &Value, name: &str, file: &str) -> Option<String> {
         "switch" if measured(&run["switch"]) => Some(switch(&run["switch"])),
         "snapshot" if run["snapshot"]["rows"].is_array() => Some(snapshot(&run["snapshot"])),
         "large" if measured(&run["large"]) => Some(large(&run["large"])),
+        "upload" if run["upload"]["rows"].is_array() => Some(upload(&run["upload"])),
         _ => None,
     }
 }
@@ -601,6 +603,43 @@ fn snapshot(v: &Value) -> String {
             cell(&row["kill_to_dump_ms_p50"], 1),
             cell(&row["armed_ms_p50"], 1),
             plain(&row["snapshots"]),
+            plain(&row["failed_runs"]),
+        );
+    }
+    s
+}
+
+/// The upload part (bench `upload.rs`): hit latency with uploads, against
+/// no upload.
+fn upload(v: &Value) -> String {
+    let rows = rows(&v["rows"]);
+    let mut s = String::from("**Hits while uploading**\n\n");
+    let _ = writeln!(
+        s,
+        "{} hits 100 ms apart a capture, {} rounds, SeaweedFS on loopback (docs/upload.md). \
+         Goal: a hit during an upload or an outage keeps the latency of a run without upload.\n",
+        plain(&v["hits"]),
+        plain(&v["rounds"])
+    );
+    s.push_str("| setup | hit → SIGUSR2 p50 (ms) | p99 (ms) | p99 ÷ no upload | SIGUSR2 → Dump p50 (ms) | hits | failed runs |\n");
+    s.push_str("|---|---|---|---|---|---|---|\n");
+    let anchor = rows
+        .first()
+        .map(|r| r["hit_to_kill_ms_p99"].clone())
+        .unwrap_or(Value::Null);
+    for row in &rows {
+        let ratio = match (row["hit_to_kill_ms_p99"].as_f64(), anchor.as_f64()) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {ratio} | {} | {} | {} |",
+            row["setup"].as_str().unwrap_or("?"),
+            cell(&row["hit_to_kill_ms_p50"], 2),
+            cell(&row["hit_to_kill_ms_p99"], 2),
+            cell(&row["kill_to_dump_ms_p50"], 1),
+            plain(&row["hits"]),
             plain(&row["failed_runs"]),
         );
     }

@@ -10,8 +10,8 @@
 //!   Iceberg and Lance side servers are off (`-s3.port.iceberg=0`,
 //!   `-s3.port.lance=0`), telemetry is off, and glog writes to the log
 //!   file only (`-logtostderr`), not to `/tmp/weed.*`.
-//! * Two identities ([`ADMIN`]: Admin, Read, Write, List, Tagging;
-//!   [`READER`]: Read, List), as `AWS_*` variables for mt-agent
+//! * Three identities ([`ADMIN`]: Admin, Read, Write, List, Tagging;
+//!   [`WRITER`]: Read, Write, List, Tagging; [`READER`]: Read, List), as `AWS_*` variables for mt-agent
 //!   ([`SeaweedFs::admin_env`], [`SeaweedFs::reader_env`]).
 //! * Drop kills the whole process group with SIGKILL and waits for it
 //!   (weed takes seconds on SIGTERM). [`SeaweedFs::stop`] is an outage;
@@ -78,6 +78,16 @@ pub const ADMIN: Identity = Identity {
     access_key: "MTADMINACCESSKEY",
     secret_key: "mt-admin-secret-key",
     actions: &["Admin", "Read", "Write", "List", "Tagging"],
+};
+
+/// May read, write and list, but is no admin: what an agent gets in
+/// production. (An admin's PUT creates a missing bucket even with
+/// `-s3.autoCreateBucket=false` in some paths; a writer's never does.)
+pub const WRITER: Identity = Identity {
+    name: "writer",
+    access_key: "MTWRITERACCESSKEY",
+    secret_key: "mt-writer-secret-key",
+    actions: &["Read", "Write", "List", "Tagging"],
 };
 
 /// May read and list, not write.
@@ -151,7 +161,7 @@ fn pick_ports() -> Ports {
     panic!("no 5 free ports (with free port+10000) in 127.0.0.1:15000..22000");
 }
 
-/// `s3.config` for [`ADMIN`] and [`READER`].
+/// `s3.config` for [`ADMIN`], [`READER`] and [`WRITER`].
 fn identities_json() -> String {
     let one = |i: &Identity| {
         serde_json::json!({
@@ -160,7 +170,7 @@ fn identities_json() -> String {
             "actions": i.actions,
         })
     };
-    serde_json::json!({"identities": [one(&ADMIN), one(&READER)]}).to_string()
+    serde_json::json!({"identities": [one(&ADMIN), one(&READER), one(&WRITER)]}).to_string()
 }
 
 /// A plain HTTP GET on loopback: the whole response, or None when nothing

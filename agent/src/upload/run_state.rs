@@ -73,6 +73,8 @@ pub struct RunState {
     pub doubt: bool,
     /// The lock is held and the clock fixed.
     started: bool,
+    /// Files `--upload-delete` removed while a recorder could index them.
+    deleted_live: Vec<(PathBuf, String)>,
 }
 
 impl RunState {
@@ -99,6 +101,7 @@ impl RunState {
             // A run from an earlier agent may have sends it did not journal.
             doubt: !live,
             started: false,
+            deleted_live: Vec::new(),
         };
         if !live && !r.start()? {
             return Ok(None);
@@ -335,8 +338,28 @@ impl RunState {
         let dir = self.out.join(rel);
         if std::fs::remove_file(dir.join(file)).is_ok() {
             sink.deleted(file);
-            if !self.live {
+            if self.live {
+                self.deleted_live
+                    .push((rel.to_path_buf(), file.to_string()));
+            } else {
                 let _ = crate::output::index::append_deleted(&dir, file);
+            }
+        }
+    }
+
+    /// The recorders have ended: no recorder writes this run's indexes any
+    /// more. A file deleted here while one ran may have gone after its last
+    /// look (its end): index it as deleted now, unless it did.
+    pub fn recorders_ended(&mut self) {
+        self.live = false;
+        for (rel, file) in std::mem::take(&mut self.deleted_live) {
+            let dir = self.out.join(&rel);
+            let text = std::fs::read_to_string(dir.join(INDEX_FILE)).unwrap_or_default();
+            let said = text.lines().any(
+                |l| matches!(IndexLine::parse(l), Some(IndexLine::Deleted(d)) if d.file == file),
+            );
+            if !said {
+                let _ = crate::output::index::append_deleted(&dir, &file);
             }
         }
     }

@@ -244,7 +244,7 @@ impl Uploading {
             let deadline = *stop.borrow_and_update();
             if deadline.is_some() {
                 // The recorders have ended: what is deleted now is indexed here.
-                self.runs.iter_mut().for_each(|r| r.live = false);
+                self.runs.iter_mut().for_each(RunState::recorders_ended);
             }
             let wait = match self.step(&mut contact).await {
                 Ok(()) => {

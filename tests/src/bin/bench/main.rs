@@ -30,6 +30,7 @@ mod context_switches;
 mod large_run;
 mod report;
 mod snapshot_cost;
+mod upload;
 
 /// How much of everything to run.
 #[derive(Clone, Copy)]
@@ -196,7 +197,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large|upload` runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -253,6 +254,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let upload = if part("upload") {
+        upload::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": utc("+%Y-%m-%d"),
@@ -274,6 +280,7 @@ fn main() {
         "switch": switch,
         "snapshot": snapshot,
         "large": large,
+        "upload": upload,
         "seconds": started.elapsed().as_secs_f64(),
     });
     println!("{}", bench_md::tables(&report));
