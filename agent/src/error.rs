@@ -21,6 +21,10 @@ pub enum ExitCode {
     Environment = 3,
     /// A runtime failure: perf died, the disk is full.
     Runtime = 4,
+    /// The run captured, but not everything reached the store (`--upload`):
+    /// it refused (URL, credentials, bucket, quota) or uploads were pending
+    /// at the end. The next agent on the same output root sends the rest.
+    Uploads = 5,
 }
 
 /// A user-facing error: one line, plus optional detail lines (such as a
@@ -104,5 +108,6 @@ mod tests {
         assert_eq!(ExitCode::Usage as u8, 2);
         assert_eq!(ExitCode::Environment as u8, 3);
         assert_eq!(ExitCode::Runtime as u8, 4);
+        assert_eq!(ExitCode::Uploads as u8, 5);
     }
 }

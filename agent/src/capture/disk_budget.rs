@@ -17,8 +17,8 @@
 
 use std::{
     collections::HashSet,
-    fs::{self, OpenOptions},
-    io::{BufRead, BufReader, Write},
+    fs,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -256,27 +256,8 @@ fn is_snapshot_name(file: &str) -> bool {
 
 /// Appends a `deleted` line to the index of a directory no recorder owns.
 fn append_deleted(dir: &Path, file: &str) {
-    let line = format!("{}\n", serde_json::json!({"kind": "deleted", "file": file}));
-    let res = OpenOptions::new()
-        .append(true)
-        .custom_flags_nofollow()
-        .open(dir.join(INDEX_FILE))
-        .and_then(|mut f| f.write_all(line.as_bytes()));
-    if let Err(e) = res {
+    if let Err(e) = crate::output::index::append_deleted(dir, file) {
         log::debug!("--max-disk: cannot index {file} as deleted: {e}");
-    }
-}
-
-/// `O_NOFOLLOW` for index appends: an index is never written through a
-/// symlink.
-trait NoFollow {
-    fn custom_flags_nofollow(&mut self) -> &mut Self;
-}
-
-impl NoFollow for OpenOptions {
-    fn custom_flags_nofollow(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_NOFOLLOW)
     }
 }
 

@@ -110,6 +110,9 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     if let Some(pid) = args.pid {
         target_check(&mut r, pid);
     }
+    if let Some(url) = &args.upload {
+        upload_check(&mut r, url);
+    }
     let mut ok = true;
     for l in &r.lines {
         let mark = match l.mark {
@@ -591,6 +594,34 @@ fn free_space(r: &mut Checklist, dir: &Path) {
             format!("{}: {e}", dir.display()),
             "give an existing directory with --output",
         ),
+    }
+}
+
+/// `--upload URL`: the store can be written (docs/upload.md).
+fn upload_check(r: &mut Checklist, url: &str) {
+    use crate::upload::store::{self, Refusal};
+    let store = match store::open(url) {
+        Ok(s) => s,
+        Err(f) => return r.fail("upload", url.to_string(), f.message),
+    };
+    let host = crate::sys::proc::host_name();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let answer = match rt {
+        Ok(rt) => rt.block_on(store::preflight(&store, &host)),
+        Err(e) => return r.fail("upload", format!("no runtime: {e}"), "report this as a bug"),
+    };
+    match answer {
+        Ok(text) => r.pass("upload", text),
+        Err(e) => {
+            let kind = Refusal::of(&e);
+            r.fail(
+                "upload",
+                format!("{url}: {}", store::short(&e)),
+                kind.advice(),
+            )
+        }
     }
 }
 

@@ -70,6 +70,7 @@ pub async fn run(
     let signals = Signals::install()?;
     let armed_events: Vec<Armed> = prepared.triggers.iter().map(|t| t.armed.clone()).collect();
     let (progress_tx, progress) = unbounded_channel();
+    let uploads = start_uploads(&plan, &run_dir, &printer);
     let (handle, _run_dir_guard) =
         start_driver(&plan, &args, prepared, &printer, started, progress_tx)?;
     let (outcome, armed) = wait(&handle, progress, signals, args.duration, &printer).await?;
@@ -83,7 +84,56 @@ pub async fn run(
     if args.report {
         crate::report::after_run(&run_dir, plan.settings.perf.as_deref(), &printer, args.json);
     }
-    Ok(code)
+    let complete = finish_uploads(uploads, plan.settings.upload.as_ref(), &printer);
+    Ok(if code == ExitCode::Ok && !complete {
+        ExitCode::Uploads
+    } else {
+        code
+    })
+}
+
+/// The uploads of a run: started, or why not (said at once; the run
+/// captures anyway and ends with exit code 5).
+type Uploads = Option<Result<crate::upload::uploader::Uploader, String>>;
+
+fn start_uploads(plan: &Plan, run_dir: &Path, printer: &Arc<Printer>) -> Uploads {
+    let up = plan.settings.upload.as_ref()?;
+    let started = crate::upload::store::open(&up.url)
+        .map_err(|f| f.message)
+        .and_then(|store| {
+            crate::upload::uploader::Uploader::start(up, store, run_dir, printer.clone())
+                .map_err(|e| format!("cannot start the upload thread: {e}"))
+        });
+    if let Err(why) = &started {
+        printer.warning(&format!(
+            "upload to {}: {why}; capturing without uploading (exit code 5 at the end)",
+            up.url
+        ));
+    }
+    Some(started)
+}
+
+/// Waits for what is pending (`--upload-wait`), prints the `upload`
+/// summary; false if anything is left unsent.
+fn finish_uploads(
+    uploads: Uploads,
+    plan: Option<&crate::upload::UploadPlan>,
+    printer: &Printer,
+) -> bool {
+    let (Some(uploads), Some(plan)) = (uploads, plan) else {
+        return true;
+    };
+    let stats = match uploads {
+        Ok(u) => u.finish(plan.wait),
+        Err(why) => crate::upload::uploader::UploadStats {
+            url: plan.url.clone(),
+            last_refusal: Some(why),
+            failing: true,
+            ..Default::default()
+        },
+    };
+    crate::upload::uploader::print_summary(printer, &stats);
+    stats.pending == 0 && !stats.failing
 }
 
 /// A run made ready: triggers resolved, output created, programs loading.

@@ -40,6 +40,7 @@ Exit codes:
   2  bad usage or input (unknown pid or symbol, bad option, output directory)
   3  the environment is missing something (privileges, perf, kernel support)
   4  runtime failure (perf died, disk full, symbol resolution past its time budget)
+  5  captured, but --upload is incomplete (the store refused, or uploads were pending at the end)
 
 Examples:
   sudo mt-agent --pid 4242 --symbol handle_request
@@ -197,6 +198,32 @@ pub struct RunArgs {
     /// oldest snapshots are deleted first, and indexed as `deleted`.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_disk: Option<u64>,
+
+    /// Upload each finished snapshot, its index line, run.json and the
+    /// objects it maps to S3-compatible storage, e.g. s3://moments/prod
+    /// (docs/upload.md). Credentials and endpoint come from the AWS
+    /// variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT_URL, a web identity); plain HTTP needs AWS_ALLOW_HTTP=true.
+    /// Uploads never hold up a hit; while the store is unreachable,
+    /// snapshots wait in OUT within --max-disk.
+    #[arg(long, value_name = "URL")]
+    pub upload: Option<String>,
+
+    /// With --upload: delete each snapshot locally once the store has
+    /// confirmed it (by checksum), keeping only what is in flight.
+    #[arg(long, requires = "upload")]
+    pub upload_delete: bool,
+
+    /// With --upload: how long the end of a run waits for pending uploads;
+    /// what is left is said, and sent by the next agent on the same output
+    /// root. [default: 30s]
+    #[arg(long, value_name = "DURATION", requires = "upload", value_parser = parse_duration)]
+    pub upload_wait: Option<Duration>,
+
+    /// With --upload: this host's name in the store's keys.
+    /// [default: the kernel's host name]
+    #[arg(long, value_name = "NAME", requires = "upload")]
+    pub upload_host: Option<String>,
 
     /// Size of the hit ring buffer in bytes (a power of two, at least one
     /// page). For tests.
@@ -412,6 +439,12 @@ pub struct CheckArgs {
     /// Directory whose free space is checked. [default: .]
     #[arg(long, short = 'o', value_name = "DIR")]
     pub output: Option<PathBuf>,
+
+    /// Also check that this store can be written (s3://BUCKET/PREFIX, with
+    /// the AWS variables --upload reads): an object is written, read back
+    /// and deleted.
+    #[arg(long, value_name = "URL")]
+    pub upload: Option<String>,
 }
 
 /// Options of `mt-agent report`.

@@ -448,6 +448,15 @@ impl Printer {
         }
     }
 
+    /// An event of a later stage: `body` as the JSON event `name`, or
+    /// `text` as a line on stdout.
+    pub fn line<T: Serialize>(&self, name: &str, body: &T, text: &str) {
+        if self.json {
+            return self.event(name, body);
+        }
+        self.print(text);
+    }
+
     /// `warning`: text goes to stderr, JSON to stdout.
     pub fn warning(&self, message: &str) {
         if self.json {

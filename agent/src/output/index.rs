@@ -319,6 +319,20 @@ pub fn create_exclusive(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Appends a `deleted` line to the index in `dir`, for a directory whose
+/// recorder has ended (or never ran in this agent): `O_APPEND`, one
+/// `write()`, never through a symlink.
+pub fn append_deleted(dir: &Path, file: &str) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut line = serde_json::to_vec(&Deleted::new(file)).map_err(io::Error::other)?;
+    line.push(b'\n');
+    OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dir.join(INDEX_FILE))?
+        .write_all(&line)
+}
+
 /// The index writer.
 pub struct Index {
     file: File,

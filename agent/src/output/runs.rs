@@ -55,13 +55,19 @@ pub fn open_in(out: &Path, rel: &Path) -> io::Result<File> {
     Ok(dir.open_file(rel, Scope::Beneath).map_err(refused)?.file)
 }
 
-/// Every directory under `out` (itself included) that holds an index.
-pub fn discover(out: &Path) -> io::Result<Vec<RunDir>> {
+/// The directories under `out` (itself included, relative to it) that hold
+/// an index, sorted; without reading the indexes.
+pub fn index_dirs(out: &Path) -> io::Result<Vec<PathBuf>> {
     let mut dirs = Vec::new();
     walk(out, Path::new(""), 0, &mut dirs)?;
     dirs.sort();
+    Ok(dirs)
+}
+
+/// Every directory under `out` (itself included) that holds an index.
+pub fn discover(out: &Path) -> io::Result<Vec<RunDir>> {
     let mut runs = Vec::new();
-    for rel in dirs {
+    for rel in index_dirs(out)? {
         let mut run = read_index(out, &rel)?;
         run.buildid_dir = nearest_debug(out, &rel);
         runs.push(run);
@@ -81,6 +87,7 @@ fn walk(out: &Path, rel: &Path, depth: usize, found: &mut Vec<PathBuf>) -> io::R
             found.push(rel.to_path_buf());
         } else if ft.is_dir()
             && name != ".debug"
+            && name != ".upload"
             && !(depth == 0 && (name == "report" || name == STORE_DIR))
         {
             subdirs.push(rel.join(name));

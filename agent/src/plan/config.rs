@@ -9,6 +9,10 @@
 //! max_disk = "2G"                # bounds this run and older runs under output
 //! recording = "flight-recorder"  # or "continuous"; flight_ring = "2M"
 //!
+//! [upload]                       # docs/upload.md
+//! url = "s3://moments/prod"
+//! delete = true                  # --upload-delete; also: wait = "30s", host = "web-1"
+//!
 //! [[trigger]]
 //! name = "api"                   # output subdirectory; default trigger<N>
 //! exe = "/usr/local/bin/api-server"
@@ -53,9 +57,23 @@ pub struct Config {
     pub max_disk: Option<String>,
     #[serde(default)]
     pub perf_args: Vec<String>,
+    /// `[upload]`: the `--upload*` options.
+    pub upload: Option<UploadConfig>,
     /// Each `[[trigger]]`: the command line's trigger options.
     #[serde(default, rename = "trigger")]
     pub triggers: Vec<TriggerOptions>,
+}
+
+/// A config file's `[upload]` table.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UploadConfig {
+    pub url: String,
+    #[serde(default)]
+    pub delete: bool,
+    /// A duration, e.g. `"30s"`.
+    pub wait: Option<String>,
+    pub host: Option<String>,
 }
 
 /// Reads and checks a config file. Errors (exit code 2): unreadable, not

@@ -82,6 +82,8 @@ pub struct RunSettings {
     pub flight_ring_given: bool,
     /// Disk budget, and what it covers.
     pub max_disk: Option<DiskBudget>,
+    /// `--upload*` or `[upload]`.
+    pub upload: Option<crate::upload::UploadPlan>,
 }
 
 /// Size of each flight-recorder ring unless told otherwise, bytes: at 999 Hz
@@ -228,6 +230,7 @@ fn from_cli(args: &RunArgs) -> Result<(RunSettings, Vec<TriggerPlan>), Failure> 
             bytes,
             scope: BudgetScope::Run,
         }),
+        upload: upload_plan(args, None)?,
     };
     Ok((s, vec![t]))
 }
@@ -276,8 +279,48 @@ fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerP
                 scope: BudgetScope::OutputRoot,
             }),
         },
+        upload: upload_plan(args, c.upload.as_ref())?,
     };
     Ok((s, triggers))
+}
+
+/// The upload settings: the command line's, else the file's `[upload]`.
+/// The URL is checked here (exit 2); credentials when the store opens.
+fn upload_plan(
+    args: &RunArgs,
+    file: Option<&config::UploadConfig>,
+) -> Result<Option<crate::upload::UploadPlan>, Failure> {
+    let Some(url) = args.upload.clone().or(file.map(|f| f.url.clone())) else {
+        return Ok(None);
+    };
+    crate::upload::store::parse_url(&url)?;
+    let wait = match (args.upload_wait, file.and_then(|f| f.wait.as_deref())) {
+        (Some(w), _) => w,
+        (None, Some(w)) => {
+            parse_duration(w).map_err(|e| Failure::usage(format!("bad [upload] wait: {e}")))?
+        }
+        (None, None) => crate::upload::DEFAULT_WAIT,
+    };
+    let host = match args
+        .upload_host
+        .clone()
+        .or(file.and_then(|f| f.host.clone()))
+    {
+        Some(h) => h,
+        None => crate::sys::proc::host_name(),
+    };
+    if !crate::upload::keys::plain_segment(&host) {
+        return Err(Failure::usage(format!(
+            "upload host name {host:?} must be a plain name (no '/', not starting with '.'); \
+             set --upload-host"
+        )));
+    }
+    Ok(Some(crate::upload::UploadPlan {
+        url,
+        host,
+        delete: args.upload_delete || file.is_some_and(|f| f.delete),
+        wait,
+    }))
 }
 
 /// One trigger's options turned into values. Errors (exit code 2), for a

@@ -165,6 +165,23 @@ pub fn in_root(pid: i32, path: &Path) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root")).join(rel)
 }
 
+/// The kernel's host name (`uname -n`, uname(2)); "localhost" if unreadable.
+pub fn host_name() -> String {
+    // SAFETY: utsname is plain data, filled by uname(2).
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "localhost".into();
+    }
+    // SAFETY: uname NUL-terminates nodename.
+    let name = unsafe { std::ffi::CStr::from_ptr(u.nodename.as_ptr()) };
+    let name = name.to_string_lossy().into_owned();
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,3 +48,19 @@ pub fn raise_nice(steps: libc::c_int) {
         libc::setpriority(libc::PRIO_PROCESS, tid, own - steps);
     }
 }
+
+/// Raises the calling thread's nice by `steps` (lower priority), for work
+/// that must never compete with the data path (the upload thread). Best
+/// effort. On Linux, `setpriority(PRIO_PROCESS, 0, …)` applies to the
+/// calling thread (setpriority(2), "BUGS").
+pub fn lower_priority(steps: libc::c_int) {
+    // SAFETY: plain syscalls on the calling thread.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let now = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if now == -1 && *libc::__errno_location() != 0 {
+            return;
+        }
+        libc::setpriority(libc::PRIO_PROCESS, 0, (now + steps).min(19));
+    }
+}

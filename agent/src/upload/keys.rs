@@ -52,6 +52,10 @@ pub enum Key {
 }
 
 /// Joins key segments with `/`, skipping empty ones.
+pub fn join_key(parts: &[&str]) -> String {
+    join(parts)
+}
+
 fn join(parts: &[&str]) -> String {
     parts
         .iter()

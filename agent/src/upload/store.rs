@@ -115,9 +115,8 @@ pub fn check_env(env: &Env) -> Result<(), Failure> {
 pub fn open(url: &str) -> Result<Store, Failure> {
     let (bucket, prefix) = parse_url(url)?;
     check_env(&Env::read())?;
-    let options = object_store::ClientOptions::new()
-        .with_timeout(REQUEST_TIMEOUT)
-        .with_connect_timeout(CONNECT_TIMEOUT);
+    use object_store::{ClientConfigKey as C, aws::AmazonS3ConfigKey as K};
+    let secs = |d: Duration| format!("{}s", d.as_secs());
     // Retries are ours (`super::send`), with the pending count kept true.
     let retry = object_store::RetryConfig {
         max_retries: 0,
@@ -125,7 +124,10 @@ pub fn open(url: &str) -> Result<Store, Failure> {
     };
     let client = AmazonS3Builder::from_env()
         .with_bucket_name(&bucket)
-        .with_client_options(options)
+        // Set key by key, so that the client settings from the AWS_*
+        // variables (AWS_ALLOW_HTTP, proxies) stay.
+        .with_config(K::Client(C::Timeout), secs(REQUEST_TIMEOUT))
+        .with_config(K::Client(C::ConnectTimeout), secs(CONNECT_TIMEOUT))
         .with_retry(retry)
         .build()
         .map_err(|e| Failure::environment(format!("cannot use the store {url}: {e}")))?;
@@ -135,6 +137,62 @@ pub fn open(url: &str) -> Result<Store, Failure> {
         prefix,
         url: url.to_string(),
     })
+}
+
+/// Writes a small object below the prefix, reads it back and deletes it:
+/// the store answers, the bucket exists, and these credentials may write
+/// there. The key, `PREFIX/.mt-agent-check/HOST.PID`, is no run's
+/// (`keys::parse` ignores it). A refused delete is not a failure (some
+/// policies allow writing only); it is said in the Ok text.
+pub async fn preflight(store: &Store, host: &str) -> Result<String, object_store::Error> {
+    use object_store::{ObjectStoreExt as _, path::Path as Key};
+    let name = format!("{host}.{}", std::process::id());
+    let key = Key::from(super::keys::join_key(&[
+        &store.prefix,
+        ".mt-agent-check",
+        &name,
+    ]));
+    // A listing first: a missing bucket is NoSuchBucket there, where a PUT
+    // by an identity without admin rights gets AccessDenied (SeaweedFS).
+    let under = Key::from(store.prefix.as_str());
+    store.client.list_with_delimiter(Some(&under)).await?;
+    let body = format!("mt-agent check from {host}\n");
+    store
+        .client
+        .put(&key, body.clone().into_bytes().into())
+        .await?;
+    let back = store.client.get(&key).await?.bytes().await?;
+    if back != body.as_bytes() {
+        return Err(object_store::Error::Generic {
+            store: "S3",
+            source: "the object read back differs from the one written".into(),
+        });
+    }
+    Ok(match store.client.delete(&key).await {
+        Ok(()) => format!("{} can be written, read and listed", store.url),
+        Err(e) => format!(
+            "{} can be written and read; deleting the check object {key} was refused ({e})",
+            store.url
+        ),
+    })
+}
+
+/// A store error in a few words: the S3 error code and message when the
+/// store sent them (`<Code>…</Code><Message>…</Message>`), else the
+/// error's first line.
+pub fn short(e: &object_store::Error) -> String {
+    let text = format!("{e:?}");
+    let tag = |t: &str| {
+        let open = format!("<{t}>");
+        let from = text.find(&open)? + open.len();
+        let len = text[from..].find(&format!("</{t}>"))?;
+        Some(text[from..from + len].to_string())
+    };
+    match (tag("Code"), tag("Message")) {
+        (Some(c), Some(m)) => format!("{c}: {m}"),
+        (Some(c), None) => c,
+        _ => e.to_string().lines().next().unwrap_or_default().to_string(),
+    }
 }
 
 /// What a failed request means, for the one line a user sees.
