@@ -161,18 +161,36 @@ impl Fetcher {
             }
             _ => r.advice(),
         };
-        let detail: String = e
-            .to_string()
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        let message = format!("cannot {what} in {}: {advice} ({detail})", self.store.url);
+        let message = format!(
+            "cannot {what} in {}: {advice} ({})",
+            self.store.url,
+            detail(e)
+        );
         match r {
             Refusal::NoBucket | Refusal::Credentials | Refusal::Denied => {
                 Failure::environment(message)
             }
             _ => Failure::runtime(message),
         }
+    }
+}
+
+/// The S3 error code of a refusal (`<Code>NoSuchBucket</Code>`), else the
+/// error's text on one line, cut to 200 characters.
+fn detail(e: &object_store::Error) -> String {
+    let text: String = e
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let code = text
+        .split_once("<Code>")
+        .and_then(|(_, rest)| rest.split_once("</Code>"))
+        .map(|(code, _)| code);
+    match code {
+        Some(c) => format!("S3 error {c}"),
+        None if text.chars().count() > 200 => text.chars().take(200).chain("…".chars()).collect(),
+        None => text,
     }
 }
 
