@@ -24,6 +24,7 @@ const E2E: &[&str] = &[
     "faults",
     "disarm",
     "fleet",
+    "fleet_report",
     "recording",
     "unwind",
     "report",
