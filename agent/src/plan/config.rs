@@ -199,6 +199,36 @@ mod tests {
     }
 
     #[test]
+    fn the_upload_table_gives_the_upload_options() {
+        let c = parse(
+            r#"
+            [upload]
+            url = "s3://moments/prod"
+            delete = true
+            wait = "10s"
+            [[trigger]]
+            pid = 1
+            symbol = "f"
+            "#,
+        )
+        .unwrap();
+        let u = c.upload.unwrap();
+        assert_eq!(
+            (u.url.as_str(), u.delete, u.wait.as_deref(), u.host),
+            ("s3://moments/prod", true, Some("10s"), None)
+        );
+        let bad = parse(
+            "[upload]
+url = \"s3://m/p\"
+bucket = \"x\"
+[[trigger]]
+pid = 1
+symbol = \"f\"",
+        );
+        assert!(bad.unwrap_err().message.contains("unknown field `bucket`"));
+    }
+
+    #[test]
     fn bad_configs_say_what_is_wrong() {
         let err = |t: &str| parse(t).unwrap_err().message;
         assert!(err("").contains("no [[trigger]]"));

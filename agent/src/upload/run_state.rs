@@ -123,6 +123,15 @@ impl RunState {
         self.started
     }
 
+    /// Reads the index lines written since the last round without sending
+    /// anything, so that [`Self::pending`] counts them (the end of a run
+    /// whose store refused everything).
+    pub fn scan(&mut self) {
+        for rel in runs::index_dirs(&self.out).unwrap_or_default() {
+            let _ = self.read_lines(&rel);
+        }
+    }
+
     /// Index lines read but not yet confirmed.
     pub fn pending(&self) -> u64 {
         self.cursors.values().map(|c| c.waiting.len() as u64).sum()

@@ -274,6 +274,7 @@ impl Uploading {
                 _ = stop.changed() => {}
             }
         }
+        self.runs.iter_mut().for_each(RunState::scan);
         self.stats.pending = self.runs.iter().map(RunState::pending).sum();
         for r in &self.runs {
             if r.started() && r.pending() == 0 {
