@@ -13,7 +13,6 @@ use mt_agent::{
         defs::{Cli, Command, Generated},
     },
     output::events::Printer,
-    report,
 };
 
 fn main() -> std::process::ExitCode {
@@ -47,7 +46,7 @@ fn main() -> std::process::ExitCode {
             .and_then(|rt| rt.block_on(commands::run::run(cli.run, printer.clone(), started))),
         Some(Command::Symbols(args)) => commands::symbols::run(&args),
         Some(Command::Check(args)) => commands::check::run(&args),
-        Some(Command::Report(args)) => report::run(&args),
+        Some(Command::Report(args)) => commands::report::run(&args),
         Some(Command::Generate(args)) => Ok(generate(args.what)),
     };
     let code = match result {

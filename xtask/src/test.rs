@@ -25,6 +25,7 @@ const E2E: &[&str] = &[
     "disarm",
     "fleet",
     "upload",
+    "fleet_report",
     "recording",
     "unwind",
     "report",

@@ -6,7 +6,8 @@ use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
 use super::parse::{
-    CallGraph, duration_text, parse_duration, parse_request, parse_size, parse_u64, rate_text,
+    CallGraph, When, duration_text, parse_duration, parse_request, parse_size, parse_u64,
+    parse_when, rate_text,
 };
 
 const ABOUT: &str = "Profile the moment a function is called: every accepted call of \
@@ -447,12 +448,45 @@ pub struct CheckArgs {
 }
 
 /// Options of `mt-agent report`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
     /// A run's output directory (with --exe or --config, its top directory:
-    /// every process and trigger in it is reported).
+    /// every process and trigger in it is reported), or s3://BUCKET/PREFIX,
+    /// where --upload sent the runs of a fleet (a fleet report: give
+    /// --output; GUIDE.md, "Reporting from the store").
     #[arg(value_name = "OUT")]
     pub out: PathBuf,
+
+    /// Fleet report: the local directory the selected runs are fetched into
+    /// (as DIR/<host>/<run>/, fetched objects kept in DIR/.store so that a
+    /// later report fetches only what is new) and the page is written in.
+    #[arg(long, short = 'o', value_name = "DIR")]
+    pub output: Option<PathBuf>,
+
+    /// Fleet report: only this host's runs (the host name --upload-host
+    /// gave). Repeat for several hosts.
+    #[arg(long, value_name = "HOST")]
+    pub host: Vec<String>,
+
+    /// Fleet report: only this trigger's snapshots: its function (--symbol)
+    /// or, for a --config run, its directory name.
+    #[arg(long, value_name = "NAME")]
+    pub trigger: Option<String>,
+
+    /// Fleet report: only moments at or after WHEN: a duration ago (1h, 30m)
+    /// or an RFC 3339 time (2026-12-02T09:30:00Z), on each run's wall clock.
+    #[arg(long, value_name = "WHEN", value_parser = parse_when)]
+    pub since: Option<When>,
+
+    /// Fleet report: only moments at or before WHEN (as --since).
+    #[arg(long, value_name = "WHEN", value_parser = parse_when)]
+    pub until: Option<When>,
+
+    /// Fleet report: only hits whose call took at least this long (a
+    /// --slower-than capture's duration_ns); snapshots without a timed hit
+    /// are left out.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub slower_than: Option<Duration>,
 
     /// Print one JSON object per hit on stdout (OUT/report.html and the
     /// folded files are written too).

@@ -59,6 +59,44 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e}; write a duration such as 250us, 100ms, 5s or 1m"))
 }
 
+/// A time a fleet report's `--since` or `--until` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// This long before the report starts.
+    Ago(Duration),
+    /// This wall-clock time: ns since the Unix epoch (UTC).
+    At(i128),
+}
+
+impl When {
+    /// The time as ns since the Unix epoch, `now_ns` being the report's start.
+    pub fn unix_ns(self, now_ns: i128) -> i128 {
+        match self {
+            When::Ago(d) => now_ns - d.as_nanos() as i128,
+            When::At(t) => t,
+        }
+    }
+}
+
+/// Parses a duration ago (`1h`, `30m`, as [`parse_duration`]) or an
+/// RFC 3339 time (`2026-12-02T09:30:00Z`, `2026-12-02T10:30:00+01:00`).
+pub fn parse_when(s: &str) -> Result<When, String> {
+    let s = s.trim();
+    if let Ok(d) = parse_duration(s) {
+        return Ok(When::Ago(d));
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .and_then(|t| t.timestamp_nanos_opt())
+        .map(|ns| When::At(ns.into()))
+        .ok_or_else(|| {
+            format!(
+                "{s:?} is neither a duration ago (1h, 30m) nor an RFC 3339 time \
+                 (2026-12-02T09:30:00Z, 2026-12-02T10:30:00+01:00)"
+            )
+        })
+}
+
 /// Parses a rate such as `10/s`, `10`, `600/m` or `0.5/s`, in hits per second.
 pub fn parse_rate(s: &str) -> Result<f64, String> {
     let (num, per) = match s.split_once('/') {
@@ -123,6 +161,23 @@ pub fn parse_u64(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_a_duration_ago_or_an_rfc3339_time() {
+        assert_eq!(parse_when("1h"), Ok(When::Ago(Duration::from_secs(3600))));
+        assert_eq!(
+            parse_when("30m").unwrap().unix_ns(3_600e9 as i128),
+            1_800e9 as i128
+        );
+        let utc = parse_when("2026-12-02T09:30:00Z").unwrap();
+        assert_eq!(utc, When::At(1_796_203_800_000_000_000));
+        assert_eq!(parse_when("2026-12-02T10:30:00+01:00"), Ok(utc));
+        assert_eq!(utc.unix_ns(0), 1_796_203_800_000_000_000);
+        for bad in ["yesterday", "2026-12-02", "2026-12-02T09:30:00", "-1h", ""] {
+            let e = parse_when(bad).unwrap_err();
+            assert!(e.contains("RFC 3339"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn durations() {

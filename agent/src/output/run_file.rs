@@ -73,6 +73,13 @@ pub fn write(out: &Path, armed: &[Armed]) -> Result<(), String> {
     super::write::replace(&out.join(RUN_FILE), &text).map_err(|e| e.to_string())
 }
 
+/// The triggers of a `run.json`'s text; None if it is not one.
+pub fn parse_triggers(text: &[u8]) -> Option<Vec<Trigger>> {
+    serde_json::from_slice::<RunFile>(text)
+        .ok()
+        .map(|f| f.triggers)
+}
+
 /// The trigger of an index directory, from the nearest `run.json` at or
 /// above it (up to OUT): the trigger whose directory is the index's, or
 /// its parent (`--exe`: `<trigger dir>/<pid>`).

@@ -5,7 +5,8 @@
 //! `--config` run in `OUT/<trigger>/` or `OUT/<trigger>/<pid>/` (OUT being
 //! the run's dated directory, or the `output` above it). So the walk goes
 //! down to four levels, never through a symlink, and skips the report's own
-//! files and perf's build-id cache (`.debug`).
+//! files, perf's build-id cache (`.debug`) and a fleet report's cache
+//! (`.store`).
 
 use std::{
     collections::HashSet,
@@ -19,8 +20,13 @@ use crate::{
     sys::safe_open::{self, Dir, Scope},
 };
 
-/// How deep under OUT an index is looked for (`<time>/<trigger>/<pid>/`).
+/// How deep under OUT an index is looked for (`<time>/<trigger>/<pid>/`;
+/// a fleet report's `<host>/<run>/<trigger>/<pid>/`).
 const MAX_DEPTH: usize = 4;
+
+/// A fleet report's cache of fetched objects in its directory
+/// (`report::fleet::fetch`), never an index.
+pub const STORE_DIR: &str = ".store";
 
 /// A directory of OUT with an index: one perf's snapshots.
 #[derive(Debug)]
@@ -82,7 +88,7 @@ fn walk(out: &Path, rel: &Path, depth: usize, found: &mut Vec<PathBuf>) -> io::R
         } else if ft.is_dir()
             && name != ".debug"
             && name != ".upload"
-            && !(depth == 0 && name == "report")
+            && !(depth == 0 && (name == "report" || name == STORE_DIR))
         {
             subdirs.push(rel.join(name));
         }

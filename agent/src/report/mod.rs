@@ -21,6 +21,7 @@
 //! written.
 
 mod embed;
+pub mod fleet;
 mod html;
 mod model;
 mod moments;
