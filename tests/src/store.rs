@@ -163,6 +163,11 @@ fn pick_ports() -> Ports {
 
 /// `s3.config` for [`ADMIN`], [`READER`] and [`WRITER`].
 fn identities_json() -> String {
+    identities_json_of(&[ADMIN, READER, WRITER])
+}
+
+/// `s3.config` for `ids`.
+fn identities_json_of(ids: &[Identity]) -> String {
     let one = |i: &Identity| {
         serde_json::json!({
             "name": i.name,
@@ -170,7 +175,8 @@ fn identities_json() -> String {
             "actions": i.actions,
         })
     };
-    serde_json::json!({"identities": [one(&ADMIN), one(&READER), one(&WRITER)]}).to_string()
+    let all: Vec<serde_json::Value> = ids.iter().map(one).collect();
+    serde_json::json!({"identities": all}).to_string()
 }
 
 /// A plain HTTP GET on loopback: the whole response, or None when nothing
@@ -344,6 +350,15 @@ impl SeaweedFs {
     /// and ports; returns once S3 answers and serves what was written.
     pub fn restart(&mut self) {
         self.stop();
+        self.launch(false);
+    }
+
+    /// Restarts the server knowing only `ids` (on the same data and
+    /// ports): a credential that is gone stands for one that expired.
+    pub fn restart_with_identities(&mut self, ids: &[Identity]) {
+        self.stop();
+        let path = self.dir.path().join("identities.json");
+        fs::write(path, identities_json_of(ids)).expect("identities");
         self.launch(false);
     }
 

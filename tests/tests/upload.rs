@@ -326,6 +326,34 @@ fn expected_objects_without_run_file(out: &Path, host: &str) -> BTreeMap<String,
 }
 
 #[test]
+fn a_credential_that_stops_working_mid_run_is_said_once_and_uploads_resume_when_it_works() {
+    let mut s = SeaweedFs::start();
+    let mut t = target(30, 400);
+    let mut a = start_agent(&s, &store::WRITER, t.pid(), "host-a", None, &[]);
+    t.go();
+    a.wait_hit_snapshots(3);
+    // The writer's key is no longer known: as an expired or revoked key.
+    s.restart_with_identities(&[store::ADMIN, store::READER]);
+    // Longer than the longest backoff (8 s), so a retry meets the refusal.
+    std::thread::sleep(Duration::from_secs(10));
+    s.restart_with_identities(&[store::ADMIN, store::READER, store::WRITER]);
+    let run = a.finish(Duration::from_secs(120));
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let refused: Vec<Value> = events(&run, "warning")
+        .into_iter()
+        .filter(|w| w["message"].as_str().unwrap().contains("credentials"))
+        .collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "said once, not per retry\n{}",
+        run.output()
+    );
+    assert_stored(&s, &expected_objects(&run.out, "host-a"), &run.output());
+    assert_eq!(upload_summary(&run)["pending"], 0);
+}
+
+#[test]
 fn two_hosts_share_one_copy_of_the_binary_both_map() {
     let s = SeaweedFs::start();
     let mut t1 = target(2, 100);
@@ -479,6 +507,29 @@ fn bad_credentials_buckets_and_plain_http_get_one_clear_line_each() {
 #[test]
 fn a_read_only_identity_does_not_stop_capturing_and_ends_with_exit_code_5() {
     let s = SeaweedFs::start();
+    // A URL that is no s3:// URL does not stop the capture either.
+    let mut t = target(1, 100);
+    let pid = t.pid().to_string();
+    let args = [
+        "--pid",
+        &pid,
+        "--symbol",
+        "trigger",
+        "--json",
+        "--upload",
+        "moments/prod",
+    ];
+    let mut bad = Agent::start(&args);
+    bad.wait_armed();
+    t.go();
+    let run = bad.finish(Duration::from_secs(60));
+    assert_eq!(run.code, Some(5), "{}", run.output());
+    assert_eq!(perf_files(&run.out).len(), 2, "{}", run.output());
+    let said = run
+        .stdout
+        .iter()
+        .any(|l| l.contains("bad upload URL") && l.contains("s3://BUCKET"));
+    assert!(said, "{}", run.output());
     let mut t = target(2, 200);
     let a = start_agent(
         &s,

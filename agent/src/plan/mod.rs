@@ -285,7 +285,7 @@ fn from_config(path: &Path, args: &RunArgs) -> Result<(RunSettings, Vec<TriggerP
 }
 
 /// The upload settings: the command line's, else the file's `[upload]`.
-/// The URL is checked here (exit 2); credentials when the store opens.
+/// The URL and the credentials are checked when the store opens.
 fn upload_plan(
     args: &RunArgs,
     file: Option<&config::UploadConfig>,
@@ -293,7 +293,8 @@ fn upload_plan(
     let Some(url) = args.upload.clone().or(file.map(|f| f.url.clone())) else {
         return Ok(None);
     };
-    crate::upload::store::parse_url(&url)?;
+    // A bad URL, like missing credentials, does not stop the capture: the
+    // run says so when it opens the store, and ends with exit code 5.
     let wait = match (args.upload_wait, file.and_then(|f| f.wait.as_deref())) {
         (Some(w), _) => w,
         (None, Some(w)) => {

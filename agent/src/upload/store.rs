@@ -228,35 +228,35 @@ impl Refusal {
         ]) {
             return Refusal::Credentials;
         }
-        if has(&[
-            "QuotaExceeded",
-            "EntityTooLarge",
-            "InsufficientStorage",
-            "507",
-            "413",
-        ]) {
+        let status = |codes: &[u16]| codes.iter().any(|c| text.contains(&format!("status: {c}")));
+        if has(&["QuotaExceeded", "EntityTooLarge", "InsufficientStorage"]) || status(&[413, 507]) {
             return Refusal::Full;
         }
+        let unreachable = [
+            "error sending request",
+            "connect",
+            "Connect",
+            "timed out",
+            "Timeout",
+            "SlowDown",
+        ];
         match e {
             object_store::Error::PermissionDenied { .. } => Refusal::Denied,
             object_store::Error::Unauthenticated { .. } => Refusal::Credentials,
             _ if has(&["AccessDenied"]) => Refusal::Denied,
-            _ if has(&[
-                "connect",
-                "Connect",
-                "timed out",
-                "Timeout",
-                "500",
-                "502",
-                "503",
-                "504",
-                "SlowDown",
-            ]) =>
-            {
-                Refusal::Unreachable
-            }
+            _ if has(&unreachable) || status(&[500, 502, 503, 504]) => Refusal::Unreachable,
             _ => Refusal::Other,
         }
+    }
+
+    /// Refusals said once together: a refused key and a refused request
+    /// (a HEAD's 403 has no body to tell them apart).
+    pub fn same_kind(self, other: Refusal) -> bool {
+        let class = |r| match r {
+            Refusal::Credentials | Refusal::Denied => Refusal::Denied,
+            r => r,
+        };
+        class(self) == class(other)
     }
 
     /// What it means and what to do, in words.
@@ -270,7 +270,9 @@ impl Refusal {
                 "the store refused the credentials (unknown key, bad secret or expired token); renew AWS_* credentials"
             }
             Refusal::Denied => {
-                "these credentials may not write to this bucket or prefix; grant s3:PutObject (and GetObject, ListBucket)"
+                "the store refused these credentials here: they may not write to this bucket or \
+                 prefix, or are no longer valid; grant s3:PutObject, GetObject and ListBucket, or \
+                 renew them"
             }
             Refusal::Full => {
                 "the store refused the object for space (a quota or a full bucket); free space or raise the quota"
@@ -311,6 +313,32 @@ mod tests {
             assert_eq!(f.code, crate::error::ExitCode::Usage, "{bad}");
             assert!(f.message.contains("s3://BUCKET"), "{}", f.message);
         }
+    }
+
+    #[test]
+    fn refusals_are_told_by_the_s3_code_or_the_status_not_by_stray_digits() {
+        let generic = |text: &str| object_store::Error::Generic {
+            store: "S3",
+            source: text.to_string().into(),
+        };
+        let cases = [
+            // A port or a duration with 413 or 507 in it is no status.
+            (
+                "PUT http://127.0.0.1:15413/x in 2.507ms - error sending request",
+                Refusal::Unreachable,
+            ),
+            ("Status { status: 507, body: None }", Refusal::Full),
+            ("<Code>QuotaExceeded</Code>", Refusal::Full),
+            ("<Code>NoSuchBucket</Code>", Refusal::NoBucket),
+            ("<Code>ExpiredToken</Code>", Refusal::Credentials),
+            ("Status { status: 503, body: None }", Refusal::Unreachable),
+            ("something else", Refusal::Other),
+        ];
+        for (text, want) in cases {
+            assert_eq!(Refusal::of(&generic(text)), want, "{text}");
+        }
+        assert!(Refusal::Credentials.same_kind(Refusal::Denied));
+        assert!(!Refusal::Unreachable.same_kind(Refusal::Denied));
     }
 
     #[test]

@@ -333,7 +333,7 @@ impl Uploading {
         let text = format!("{} ({what})", kind.advice());
         self.stats.last_refusal = Some(text.clone());
         self.stats.failing = true;
-        if self.refused != Some(kind) {
+        if !self.refused.is_some_and(|r| r.same_kind(kind)) {
             self.refused = Some(kind);
             let pending: u64 = self.runs.iter().map(RunState::pending).sum();
             self.printer.warning(&format!(
