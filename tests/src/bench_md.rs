@@ -621,8 +621,8 @@ fn upload(v: &Value) -> String {
         plain(&v["hits"]),
         plain(&v["rounds"])
     );
-    s.push_str("| setup | hit → SIGUSR2 p50 (ms) | p99 (ms) | p99 ÷ no upload | SIGUSR2 → Dump p50 (ms) | hits | failed runs |\n");
-    s.push_str("|---|---|---|---|---|---|---|\n");
+    s.push_str("| setup | hit → SIGUSR2 p50 (ms) | p90 (ms) | p99 (ms) | p99 ÷ no upload | SIGUSR2 → Dump p50 (ms) | hits | failed runs |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|\n");
     let anchor = rows
         .first()
         .map(|r| r["hit_to_kill_ms_p99"].clone())
@@ -634,9 +634,10 @@ fn upload(v: &Value) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {ratio} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {ratio} | {} | {} | {} |",
             row["setup"].as_str().unwrap_or("?"),
             cell(&row["hit_to_kill_ms_p50"], 2),
+            cell(&row["hit_to_kill_ms_p90"], 2),
             cell(&row["hit_to_kill_ms_p99"], 2),
             cell(&row["kill_to_dump_ms_p50"], 1),
             plain(&row["hits"]),

@@ -81,7 +81,7 @@ fn pct(v: &[f64], p: f64) -> Option<f64> {
 
 /// Runs the part: `rounds` rounds of each setup.
 pub fn run(quick: bool) -> Value {
-    let (hits, rounds) = if quick { (10, 1) } else { (30, 3) };
+    let (hits, rounds) = if quick { (10, 1) } else { (40, 5) };
     let mut store = SeaweedFs::start();
     let mut kill = vec![Vec::new(); SETUPS.len()];
     let mut dump = vec![Vec::new(); SETUPS.len()];
@@ -102,7 +102,9 @@ pub fn run(quick: bool) -> Value {
                 "setup": name,
                 "hits": kill[i].len(),
                 "hit_to_kill_ms_p50": pct(&kill[i], 50.0),
+                "hit_to_kill_ms_p90": pct(&kill[i], 90.0),
                 "hit_to_kill_ms_p99": pct(&kill[i], 99.0),
+                "hit_to_kill_ms_max": pct(&kill[i], 100.0),
                 "kill_to_dump_ms_p50": pct(&dump[i], 50.0),
                 "kill_to_dump_ms_p99": pct(&dump[i], 99.0),
                 "failed_runs": failed[i],
