@@ -750,7 +750,10 @@ SeaweedFS_s3_bucket_traffic_sent_bytes_total{bucket="moments"} 1.2583936e+07
         let ids = v["identities"].as_array().unwrap();
         assert_eq!(ids.len(), 3);
         assert_eq!(ids[2]["credentials"][0]["accessKey"], WRITER.access_key);
-        assert_eq!(ids[2]["actions"], serde_json::json!(["Read", "Write", "List", "Tagging"]));
+        assert_eq!(
+            ids[2]["actions"],
+            serde_json::json!(["Read", "Write", "List", "Tagging"])
+        );
         assert_eq!(ids[1]["credentials"][0]["accessKey"], READER.access_key);
         assert_eq!(ids[1]["actions"], serde_json::json!(["Read", "List"]));
     }

@@ -73,6 +73,23 @@ fn start_agent(
     a
 }
 
+/// A whole capture: `bin calls N GAP_MS` traced by an agent uploading as
+/// `id` for `host`, to its end.
+fn capture(
+    s: &SeaweedFs,
+    id: &Identity,
+    bin: &str,
+    calls: (u32, u32),
+    host: &str,
+    extra: &[&str],
+) -> Run {
+    let (n, gap) = (calls.0.to_string(), calls.1.to_string());
+    let mut t = Target::start(&target_path(bin), &["calls", &n, &gap]);
+    let a = start_agent(s, id, t.pid(), host, None, extra);
+    t.go();
+    a.finish(Duration::from_secs(60))
+}
+
 /// A `target calls N GAP_MS` that has been told to go.
 fn target(n: u32, gap_ms: u32) -> Target {
     Target::start(
@@ -173,10 +190,7 @@ fn assert_stored(s: &SeaweedFs, want: &BTreeMap<String, String>, context: &str) 
 #[test]
 fn every_snapshot_index_line_run_file_and_object_is_uploaded_byte_for_byte() {
     let s = SeaweedFs::start();
-    let mut t = target(4, 300);
-    let a = start_agent(&s, &store::WRITER, t.pid(), "host-a", None, &[]);
-    t.go();
-    let run = a.finish(Duration::from_secs(60));
+    let run = capture(&s, &store::WRITER, "target", (4, 300), "host-a", &[]);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let want = expected_objects(&run.out, "host-a");
     assert!(
@@ -356,15 +370,9 @@ fn a_credential_that_stops_working_mid_run_is_said_once_and_uploads_resume_when_
 #[test]
 fn two_hosts_share_one_copy_of_the_binary_both_map() {
     let s = SeaweedFs::start();
-    let mut t1 = target(2, 100);
-    let a = start_agent(&s, &store::WRITER, t1.pid(), "host-a", None, &[]);
-    t1.go();
-    let run_a = a.finish(Duration::from_secs(60));
+    let run_a = capture(&s, &store::WRITER, "target", (2, 100), "host-a", &[]);
     // Another binary (libc shared with the first) on another host.
-    let mut t2 = Target::start(&target_path("target_bench"), &["calls", "2", "100"]);
-    let b = start_agent(&s, &store::WRITER, t2.pid(), "host-b", None, &[]);
-    t2.go();
-    let run_b = b.finish(Duration::from_secs(60));
+    let run_b = capture(&s, &store::WRITER, "target_bench", (2, 100), "host-b", &[]);
     for run in [&run_a, &run_b] {
         assert_eq!(run.code, Some(0), "{}", run.output());
     }
@@ -395,17 +403,14 @@ fn two_hosts_share_one_copy_of_the_binary_both_map() {
 #[test]
 fn upload_delete_keeps_only_what_is_in_flight() {
     let s = SeaweedFs::start();
-    let mut t = target(3, 300);
-    let a = start_agent(
+    let run = capture(
         &s,
         &store::WRITER,
-        t.pid(),
+        "target",
+        (3, 300),
         "host-a",
-        None,
         &["--upload-delete"],
     );
-    t.go();
-    let run = a.finish(Duration::from_secs(60));
     assert_eq!(run.code, Some(0), "{}", run.output());
     assert!(
         perf_files(&run.out).is_empty(),
@@ -530,17 +535,14 @@ fn a_read_only_identity_does_not_stop_capturing_and_ends_with_exit_code_5() {
         .iter()
         .any(|l| l.contains("bad upload URL") && l.contains("s3://BUCKET"));
     assert!(said, "{}", run.output());
-    let mut t = target(2, 200);
-    let a = start_agent(
+    let run = capture(
         &s,
         &store::READER,
-        t.pid(),
+        "target",
+        (2, 200),
         "host-a",
-        None,
         &["--upload-wait", "3s"],
     );
-    t.go();
-    let run = a.finish(Duration::from_secs(60));
     assert_eq!(run.code, Some(5), "{}", run.output());
     assert_eq!(
         perf_files(&run.out).len(),
