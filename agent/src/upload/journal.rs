@@ -120,15 +120,6 @@ impl Journal {
         self.confirmed.get(key).map(String::as_str)
     }
 
-    /// Keys confirmed so far.
-    pub fn len(&self) -> usize {
-        self.confirmed.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.confirmed.is_empty()
-    }
-
     /// Records that the store confirmed `key`; one `write()` per line.
     pub fn confirm(&mut self, key: &str, bytes: u64, sha256: &str) -> io::Result<()> {
         if self.file.is_none() {

@@ -211,15 +211,18 @@ impl RunState {
             return Ok(());
         }
         self.send_objects(store, sink).await?;
-        if let Some(IndexLine::Snapshot(s)) = IndexLine::parse(text.trim_end()) {
-            self.send_snapshot(store, rel, &rel_key, &s.snapshot.file, sink)
-                .await?;
+        let snapshot = match IndexLine::parse(text.trim_end()) {
+            Some(IndexLine::Snapshot(s)) => Some(s.snapshot.file.clone()),
+            _ => None,
+        };
+        if let Some(file) = &snapshot {
+            self.send_snapshot(store, rel, &rel_key, file, sink).await?;
         }
         self.put_bytes(store, &key, text.as_bytes(), sink).await?;
         if self.delete
-            && let Some(IndexLine::Snapshot(s)) = IndexLine::parse(text.trim_end())
+            && let Some(file) = &snapshot
         {
-            self.delete_local(rel, &s.snapshot.file, sink);
+            self.delete_local(rel, file, sink);
         }
         Ok(())
     }

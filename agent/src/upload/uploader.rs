@@ -305,9 +305,8 @@ impl Uploading {
             let mut sink = Counting {
                 stats: &mut self.stats,
                 printer: &self.printer,
-                pending: 0,
+                pending: r.pending(),
             };
-            sink.pending = r.pending();
             if let Err(e) = r.round(&store, &mut sink).await {
                 result = Err(e);
                 break;
@@ -357,13 +356,10 @@ impl Uploading {
 
 /// Directories beside `out` (in its parent) with upload state not done.
 fn earlier_runs(out: &Path) -> Vec<PathBuf> {
-    let Some(parent) = out
+    let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
-        .or(Some(Path::new(".")))
-    else {
-        return Vec::new();
-    };
+        .unwrap_or(Path::new("."));
     let Ok(entries) = std::fs::read_dir(parent) else {
         return Vec::new();
     };
