@@ -52,14 +52,72 @@ pub fn embed(h: &mut String, title: &str, lines: &[String], opt: &mut Options<'_
     );
 }
 
-/// Writes `html` as a part that the page builds when its hit's section
-/// opens (`lazy.js`): gzip-compressed, base64-encoded, in a script element
+/// The parts of the page built when their hit's section opens
+/// (`lazy.js`): each gzip-compressed and base64-encoded in a script element
 /// the browser does not run. inferno's SVGs shrink about tenfold; the page
 /// parses a few bytes per hit until it is opened (docs/report.md).
-pub fn lazy(h: &mut String, html: &str) {
-    h.push_str("<script type=\"application/octet-stream\" class=\"gz\">");
-    h.push_str(&base64(&gzip(html.as_bytes())));
-    h.push_str("</script>");
+///
+/// inferno writes the same 17.8 KB script into every SVG drawn with the
+/// same options; each part's graphs would carry their own copy (about
+/// 5 KB of its 7 KB compressed). Each distinct script is kept once, after
+/// the parts ([`Lazy::finish`]), and a part holds a marker in its place.
+#[derive(Default)]
+pub struct Lazy {
+    scripts: Vec<String>,
+}
+
+/// How inferno's script begins and ends inside a `srcdoc` attribute
+/// ([`attr`] escaped its quotes).
+const FG_SCRIPT: (&str, &str) = (
+    "<script type=&quot;text/ecmascript&quot;><![CDATA[",
+    "]]></script>",
+);
+
+impl Lazy {
+    /// Writes `html` as a part built when its section opens.
+    pub fn part(&mut self, h: &mut String, html: &str) {
+        let html = self.hoist(html);
+        h.push_str("<script type=\"application/octet-stream\" class=\"gz\">");
+        h.push_str(&base64(&gzip(html.as_bytes())));
+        h.push_str("</script>");
+    }
+
+    /// Replaces each inferno script in `html` with `<!--mt-fg-script-N-->`,
+    /// N its index in `self.scripts`. The marker cannot come from a graph:
+    /// inferno escapes `<` in names, and [`attr`] escapes `&` again.
+    fn hoist(&mut self, html: &str) -> String {
+        let (open, close) = FG_SCRIPT;
+        let mut out = String::with_capacity(html.len());
+        let mut rest = html;
+        while let Some(i) = rest.find(open) {
+            let Some(j) = rest[i..].find(close) else {
+                break;
+            };
+            let script = &rest[i..i + j + close.len()];
+            let n = match self.scripts.iter().position(|s| s == script) {
+                Some(n) => n,
+                None => {
+                    self.scripts.push(script.to_string());
+                    self.scripts.len() - 1
+                }
+            };
+            out.push_str(&rest[..i]);
+            let _ = write!(out, "<!--mt-fg-script-{n}-->");
+            rest = &rest[i + j + close.len()..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// Writes the scripts the parts' markers stand for, in their order,
+    /// compressed as the parts are.
+    pub fn finish(self, h: &mut String) {
+        for s in &self.scripts {
+            h.push_str("<script type=\"application/octet-stream\" class=\"fg-js\">");
+            h.push_str(&base64(&gzip(s.as_bytes())));
+            h.push_str("</script>");
+        }
+    }
 }
 
 fn gzip(b: &[u8]) -> Vec<u8> {
@@ -114,6 +172,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_inferno_script_is_kept_once() {
+        let mut lazy = Lazy::default();
+        let mut a = String::new();
+        embed(
+            &mut a,
+            "a",
+            &["main;f 3".into()],
+            &mut options("a".into()),
+            "x",
+        );
+        embed(
+            &mut a,
+            "b",
+            &["main;g 5".into()],
+            &mut options("b".into()),
+            "x",
+        );
+        let mut inverted = options("c".into());
+        inverted.direction = inferno::flamegraph::Direction::Inverted;
+        embed(&mut a, "c", &["main;g 5".into()], &mut inverted, "x");
+        let hoisted = lazy.hoist(&a);
+        assert_eq!(lazy.scripts.len(), 2, "one script per set of options");
+        assert_eq!(hoisted.matches("<!--mt-fg-script-0-->").count(), 2);
+        assert_eq!(hoisted.matches("<!--mt-fg-script-1-->").count(), 1);
+        assert!(!hoisted.contains("CDATA"));
+        // Putting the scripts back gives the graphs as drawn.
+        let mut back = hoisted.clone();
+        for (n, s) in lazy.scripts.iter().enumerate() {
+            back = back.replace(&format!("<!--mt-fg-script-{n}-->"), s);
+        }
+        assert_eq!(back, a);
+        assert!(
+            hoisted.len() * 3 < a.len(),
+            "{} of {}",
+            hoisted.len(),
+            a.len()
+        );
+    }
+
+    #[test]
     fn svg_height_and_escaping() {
         assert_eq!(
             svg_height(
@@ -136,7 +234,7 @@ mod tests {
         assert_eq!(base64(b""), "");
         let mut h = String::new();
         let text = "<iframe srcdoc=\"x\"></iframe>".repeat(100);
-        lazy(&mut h, &text);
+        Lazy::default().part(&mut h, &text);
         let b64 = h
             .strip_prefix("<script type=\"application/octet-stream\" class=\"gz\">")
             .and_then(|r| r.strip_suffix("</script>"))

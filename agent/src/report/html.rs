@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use super::{
     Page,
-    embed::{embed, esc, lazy, options},
+    embed::{Lazy, embed, esc, options},
     model::{FileReport, HitReport, Status, anchor},
     moments::{self, Folded},
     offcpu_page, runinfo, timeline_page,
@@ -52,11 +52,13 @@ pub fn page(p: &Page) -> String {
         "<p><label>Search every flame graph: <input id=\"search\" type=\"search\" \
          oninput=\"searchAll(this.value)\" placeholder=\"function name (regex)\"></label></p>",
     );
+    let mut lazy = Lazy::default();
     for f in &p.files {
         for hit in &f.hits {
-            hit_section(&mut h, p, f, hit);
+            hit_section(&mut h, &mut lazy, p, f, hit);
         }
     }
+    lazy.finish(&mut h);
     h.push_str("</body></html>\n");
     h
 }
@@ -136,8 +138,23 @@ fn warnings(h: &mut String, p: &Page) {
     }
 }
 
+/// Above this many rows the snapshots table starts folded: laying out a
+/// 1,000-row table of 12 columns took 0.3-0.5 s of the page's 0.95-1.6 s
+/// open in headless Chromium (docs/report.md, "Page size"), and the run
+/// view above lists the hits already.
+const FOLD_TABLE_ROWS: usize = 30;
+
 fn table(h: &mut String, p: &Page) {
-    h.push_str("<h2>Snapshots</h2><table><tr><th>kind</th><th>file</th><th>hit</th><th>hit time (host local time, ±10 ms)</th><th>s into run</th><th>tid</th><th>args</th><th>duration</th><th>retval</th><th>hit → kill</th><th>samples in file</th><th>samples in moment</th></tr>");
+    h.push_str("<h2>Snapshots</h2>");
+    let rows: usize = p.files.iter().map(|f| f.hits.len().max(1)).sum();
+    let folded = rows > FOLD_TABLE_ROWS;
+    if folded {
+        let _ = write!(
+            h,
+            "<details class=\"snapshots\"><summary>{rows} rows, one per hit (and one per snapshot without a hit): open to see them</summary>"
+        );
+    }
+    h.push_str("<table><tr><th>kind</th><th>file</th><th>hit</th><th>hit time (host local time, ±10 ms)</th><th>s into run</th><th>tid</th><th>args</th><th>duration</th><th>retval</th><th>hit → kill</th><th>samples in file</th><th>samples in moment</th></tr>");
     for f in &p.files {
         let status = match &f.status {
             Status::Read => String::new(),
@@ -165,6 +182,9 @@ fn table(h: &mut String, p: &Page) {
         }
     }
     h.push_str("</table>");
+    if folded {
+        h.push_str("</details>");
+    }
 }
 
 fn hit_row(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport, file: &str, samples: &str) {
@@ -201,7 +221,7 @@ fn hit_row(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport, file: &str
 
 /// A hit's section: a `<details>` whose summary and figures are in the
 /// page, and whose timeline and graphs are built when it opens.
-fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
+fn hit_section(h: &mut String, lazy: &mut Lazy, p: &Page, f: &FileReport, hit: &HitReport) {
     let x = &hit.hit;
     let what = match x.duration_ns {
         Some(d) => format!(": a {} call", human_ns(d)),
@@ -221,11 +241,11 @@ fn hit_section(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
             String::new()
         }
     );
-    hit_body(h, p, f, hit);
+    hit_body(h, lazy, p, f, hit);
     h.push_str("</details>");
 }
 
-fn hit_body(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
+fn hit_body(h: &mut String, lazy: &mut Lazy, p: &Page, f: &FileReport, hit: &HitReport) {
     offcpu_page::bar(h, hit, is_go(p, f));
     if f.status != Status::Read {
         let _ = write!(
@@ -263,7 +283,7 @@ fn hit_body(h: &mut String, p: &Page, f: &FileReport, hit: &HitReport) {
             few_samples_advice(n, on_cpu, longer_window)
         );
     }
-    lazy(h, &built_on_open(f, hit));
+    lazy.part(h, &built_on_open(f, hit));
 }
 
 /// What a hit's section builds when it opens: its timeline and graphs.

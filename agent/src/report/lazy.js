@@ -29,11 +29,20 @@ function mtBuild(d) {
   return d._built;
 }
 
+// inferno's scripts, kept once after the parts (embed.rs, `Lazy`); a
+// part holds `<!--mt-fg-script-N-->` where its graphs' script goes.
+let mtScripts;
+function mtFgScripts() {
+  if (!mtScripts) mtScripts = Promise.all([...document.querySelectorAll("script.fg-js")].map((s) => mtInflate(s.textContent)));
+  return mtScripts;
+}
+
 async function mtBuildNow(d) {
   for (const s of d.querySelectorAll("script.gz")) {
     const div = document.createElement("div");
     div.className = "built";
-    div.innerHTML = await mtInflate(s.textContent);
+    const [html, scripts] = await Promise.all([mtInflate(s.textContent), mtFgScripts()]);
+    div.innerHTML = html.replace(/<!--mt-fg-script-(\d+)-->/g, (_, n) => scripts[n]);
     const loaded = [...div.querySelectorAll("iframe.fg")].map(
       (f) => new Promise((r) => f.addEventListener("load", r, { once: true })),
     );
