@@ -177,12 +177,18 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
         "--show-switch-events",
         "-F",
         FIELDS,
-        "-i",
-    ])
-    .arg(format!("/proc/self/fd/{fd}"))
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    ]);
+    if jit.is_some() {
+        // A JIT runtime's own binary is large and has little DWARF, and
+        // perf 6.1 spends seconds per hundred frames asking addr2line for
+        // inlined functions in it (docs/jit-maps.md, "Inlined frames").
+        cmd.arg("--no-inline");
+    }
+    cmd.arg("-i")
+        .arg(format!("/proc/self/fd/{fd}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let keep_fds = [Some(fd), jit.as_ref().and_then(|j| j.dir_fd())];
     // SAFETY: fcntl, and JitView::enter's mount calls, are async-signal-safe;
     // fcntl clears FD_CLOEXEC on the child's copy of the descriptor only.
