@@ -76,10 +76,7 @@ const FG_SCRIPT: (&str, &str) = (
 impl Lazy {
     /// Writes `html` as a part built when its section opens.
     pub fn part(&mut self, h: &mut String, html: &str) {
-        let html = self.hoist(html);
-        h.push_str("<script type=\"application/octet-stream\" class=\"gz\">");
-        h.push_str(&base64(&gzip(html.as_bytes())));
-        h.push_str("</script>");
+        compressed(h, "gz", &self.hoist(html));
     }
 
     /// Replaces each inferno script in `html` with `<!--mt-fg-script-N-->`,
@@ -113,11 +110,19 @@ impl Lazy {
     /// compressed as the parts are.
     pub fn finish(self, h: &mut String) {
         for s in &self.scripts {
-            h.push_str("<script type=\"application/octet-stream\" class=\"fg-js\">");
-            h.push_str(&base64(&gzip(s.as_bytes())));
-            h.push_str("</script>");
+            compressed(h, "fg-js", s);
         }
     }
+}
+
+/// `text`, gzip-compressed and base64-encoded, in a script element of
+/// class `class` that the browser does not run (`lazy.js` inflates it).
+fn compressed(h: &mut String, class: &str, text: &str) {
+    let _ = write!(
+        h,
+        "<script type=\"application/octet-stream\" class=\"{class}\">{}</script>",
+        base64(&gzip(text.as_bytes()))
+    );
 }
 
 fn gzip(b: &[u8]) -> Vec<u8> {
@@ -175,23 +180,15 @@ mod tests {
     fn each_inferno_script_is_kept_once() {
         let mut lazy = Lazy::default();
         let mut a = String::new();
-        embed(
-            &mut a,
-            "a",
-            &["main;f 3".into()],
-            &mut options("a".into()),
-            "x",
-        );
-        embed(
-            &mut a,
-            "b",
-            &["main;g 5".into()],
-            &mut options("b".into()),
-            "x",
-        );
         let mut inverted = options("c".into());
         inverted.direction = inferno::flamegraph::Direction::Inverted;
-        embed(&mut a, "c", &["main;g 5".into()], &mut inverted, "x");
+        for (title, line, mut opt) in [
+            ("a", "main;f 3", options("a".into())),
+            ("b", "main;g 5", options("b".into())),
+            ("c", "main;g 5", inverted),
+        ] {
+            embed(&mut a, title, &[line.into()], &mut opt, "x");
+        }
         let hoisted = lazy.hoist(&a);
         assert_eq!(lazy.scripts.len(), 2, "one script per set of options");
         assert_eq!(hoisted.matches("<!--mt-fg-script-0-->").count(), 2);
