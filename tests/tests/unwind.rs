@@ -212,6 +212,96 @@ fn stacks_reach_main_without_frame_pointers() {
     );
 }
 
+/// The code and data sections of `elf` (loaded `PROGBITS`, but the
+/// unwinding tables, PLT, GOT and `.interp`): (name, file offset, size).
+fn code_and_data(elf: &[u8]) -> Vec<(String, u64, u64)> {
+    use object::read::elf::{ElfFile64, SectionHeader as _};
+    use object::{Object as _, ObjectSection as _, elf};
+    let file = ElfFile64::<object::Endianness>::parse(elf).unwrap();
+    let e = file.endian();
+    file.sections()
+        .filter(|s| {
+            let h = s.elf_section_header();
+            let name = s.name().unwrap_or_default();
+            h.sh_type(e) == elf::SHT_PROGBITS
+                && h.sh_flags(e) & u64::from(elf::SHF_ALLOC) != 0
+                && ![".eh_frame", ".plt", ".got", ".gcc_except", ".interp"]
+                    .iter()
+                    .any(|k| name.starts_with(k))
+        })
+        .filter_map(|s| {
+            let (off, size) = s.file_range()?;
+            Some((s.name().unwrap_or_default().to_string(), off, size))
+        })
+        .collect()
+}
+
+/// What the cache keeps of each object is enough for DWARF stacks: the
+/// binary deleted once it exits, the report unwinds and names them from a
+/// copy whose code and data are holes.
+#[test]
+fn dwarf_stacks_unwind_from_the_kept_tables_once_the_binary_is_gone() {
+    let bins = tempfile::tempdir().unwrap();
+    let app = bins.path().join("app");
+    fs::copy(target_path("unwind_nofp"), &app).unwrap();
+    let original = fs::read(&app).unwrap();
+    let mut t = Target::start(&app, &["2", "300"]);
+    let run = capture(&mut t, &["--symbol", "trigger"]);
+    drop(t);
+    let files = hit_files(&run);
+    assert_eq!(files.len(), 2, "{}", run.output());
+    assert!(
+        armed(&run)["unwinding"]["mode"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("dwarf,")),
+        "{}",
+        run.output()
+    );
+    let debug = run.out.join(".debug");
+    let copies = elf_copies(&debug.join(app.strip_prefix("/").unwrap()));
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let kept = fs::read(&copies[0]).unwrap();
+    assert_eq!(kept.len(), original.len(), "the copy keeps the layout");
+    let left_out = code_and_data(&original);
+    assert!(
+        left_out.iter().any(|(n, _, _)| n == ".text"),
+        "{left_out:?}"
+    );
+    let mut differ = 0;
+    for (i, (a, b)) in original.iter().zip(&kept).enumerate() {
+        let i = i as u64;
+        let inside = left_out.iter().any(|(_, o, s)| i >= *o && i < o + s);
+        if inside {
+            assert_eq!(*b, 0, "byte {i:#x} of a left-out section was kept");
+        } else if a != b {
+            differ += 1;
+        }
+    }
+    assert_eq!(
+        differ, 0,
+        "bytes outside code and data must be the original's"
+    );
+
+    fs::remove_file(&app).unwrap();
+    let (mut n, mut reach) = (0, 0);
+    for (file, tid, ktime) in &files {
+        let text = perf_script_cached(file, &debug);
+        let (a, b) = moment_reach(&text, *tid, *ktime, 200_000_000);
+        n += a;
+        reach += b;
+        assert!(
+            text.contains("nofp_level3"),
+            "{}",
+            text.lines().take(30).collect::<Vec<_>>().join("\n")
+        );
+    }
+    eprintln!("{reach} of {n} samples of the moments reach main from the kept copy");
+    // As in stacks_reach_main_without_frame_pointers: ~400 samples on an
+    // idle machine, fewer on a loaded one.
+    assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
+    assert!(reach * 10 >= n * 9, "{reach} of {n} samples reach main");
+}
+
 #[test]
 fn call_graph_option_and_pass_through_conflict() {
     let t = Target::start(&target_path("unwind_old"), &["1", "10"]);

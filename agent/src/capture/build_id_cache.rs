@@ -7,7 +7,7 @@
 //! `build_id_cache__add`):
 //!
 //! ```text
-//! OUT/.debug/<path of the object>/<build-id>/elf        a copy of the object
+//! OUT/.debug/<path of the object>/<build-id>/elf        the object, code and data as holes (keep_debug.rs)
 //! OUT/.debug/.build-id/<2 hex>/<38 hex> -> ../../<path of the object>/<build-id>
 //! ```
 //!
@@ -40,7 +40,7 @@ use std::{
 
 use object::Object as _;
 
-use crate::{output::events::Printer, symbols::maps};
+use crate::{capture::keep_debug, output::events::Printer, symbols::maps};
 
 /// The cache's directory inside OUT, as perf's `--buildid-dir` takes it.
 pub const DIR: &str = ".debug";
@@ -254,16 +254,16 @@ impl Worker {
             self.kept.insert(hex);
             return Ok(());
         }
-        let size = file.metadata()?.len();
+        let kept = Kept::of(&file)?;
         let parent = self.root.parent().unwrap_or(Path::new("/"));
-        if let Some(why) = (self.room)(parent, size) {
+        if let Some(why) = (self.room)(parent, kept.bytes()) {
             self.stats.failed.push(format!("{}: {why}", path.display()));
             self.kept.insert(hex);
             return Ok(());
         }
         let _ = ROOT.set(self.root.clone());
         mkdirs(&self.root, &dir)?;
-        let bytes = copy_new(&mut file, &dir.join("elf"))?;
+        let bytes = copy_new(&file, &kept, &dir.join("elf"))?;
         mkdirs(&self.root, link.parent().expect("link has a parent"))?;
         match std::os::unix::fs::symlink(&target, &link) {
             Ok(()) => {}
@@ -280,7 +280,7 @@ impl Worker {
 impl Worker {
     /// Copies a Go binary that has no GNU build-id into its [`go_layout`]
     /// place, once per Go build ID.
-    fn keep_go(&mut self, path: &Path, mut file: File, go: String) -> io::Result<()> {
+    fn keep_go(&mut self, path: &Path, file: File, go: String) -> io::Result<()> {
         let key = format!("go:{go}");
         if self.kept.contains(&key) {
             return Ok(());
@@ -293,15 +293,15 @@ impl Worker {
         if dir.join("elf").exists() {
             return Ok(());
         }
-        let size = file.metadata()?.len();
+        let kept = Kept::of(&file)?;
         let parent = self.root.parent().unwrap_or(Path::new("/"));
-        if let Some(why) = (self.room)(parent, size) {
+        if let Some(why) = (self.room)(parent, kept.bytes()) {
             self.stats.failed.push(format!("{}: {why}", path.display()));
             return Ok(());
         }
         let _ = ROOT.set(self.root.clone());
         mkdirs(&self.root, &dir)?;
-        let bytes = copy_new(&mut file, &dir.join("elf"))?;
+        let bytes = copy_new(&file, &kept, &dir.join("elf"))?;
         self.stats.objects += 1;
         self.stats.bytes += bytes;
         Ok(())
@@ -480,21 +480,43 @@ fn mkdirs(root: &Path, dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
-/// Copies `from` (from its start) into a new file `to` (mode 0600, never
-/// through a symlink), through a temporary name, so that perf never sees a
-/// half-written object. Returns the bytes copied.
-fn copy_new(from: &mut File, to: &Path) -> io::Result<u64> {
-    use std::io::Seek as _;
-    from.rewind()?;
+/// What of an object the cache keeps: its length and the byte ranges
+/// written (capture/keep_debug.rs); the rest are holes.
+struct Kept {
+    len: u64,
+    ranges: Vec<std::ops::Range<u64>>,
+}
+
+impl Kept {
+    fn of(file: &File) -> io::Result<Kept> {
+        let len = file.metadata()?.len();
+        let ranges = match keep_debug::section_headers(file) {
+            Some(sections) => keep_debug::kept_ranges(&sections, len),
+            None => std::iter::once(0..len).collect(),
+        };
+        Ok(Kept { len, ranges })
+    }
+
+    /// The bytes written, and so what the disk holds.
+    fn bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.end - r.start).sum()
+    }
+}
+
+/// Writes what `kept` names of `from` into a new file `to` (mode 0600,
+/// never through a symlink), through a temporary name, so that perf never
+/// sees a half-written object. Returns the bytes written.
+fn copy_new(from: &File, kept: &Kept, to: &Path) -> io::Result<u64> {
     let tmp = to.with_extension("tmp");
     let _ = fs::remove_file(&tmp);
-    let mut out = OpenOptions::new()
+    let out = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    let copied = io::copy(from, &mut out).and_then(|n| out.sync_data().map(|()| n));
+    let copied = keep_debug::copy_sparse(from, &out, kept.len, &kept.ranges)
+        .and_then(|n| out.sync_data().map(|()| n));
     match copied {
         Ok(n) => {
             fs::rename(&tmp, to)?;
@@ -553,8 +575,26 @@ mod tests {
             .unwrap();
         assert_eq!(w.stats.objects, 1);
         let (dir, link, _) = layout(&root, Path::new("/some/app"), &hex(&id));
+        // The copy is the object's layout: its length, its headers and
+        // symbol tables; code and data are holes (keep_debug.rs).
         let copied = fs::read(dir.join("elf")).unwrap();
-        assert_eq!(copied, fs::read(&exe).unwrap());
+        let original = fs::read(&exe).unwrap();
+        assert_eq!(copied.len(), original.len());
+        let sections = keep_debug::section_headers(&File::open(&exe).unwrap()).unwrap();
+        let kept = keep_debug::kept_ranges(&sections, original.len() as u64);
+        assert!(kept.len() > 1, "nothing left out: {kept:?}");
+        let mut written = vec![0u8; original.len()];
+        for r in kept {
+            let r = r.start as usize..r.end as usize;
+            written[r.clone()].copy_from_slice(&original[r]);
+        }
+        assert!(
+            copied == written,
+            "the copy is not the kept ranges and holes"
+        );
+        let symtab = sections.iter().find(|s| s.name == ".symtab").unwrap();
+        let at = symtab.offset as usize..(symtab.offset + symtab.size) as usize;
+        assert_eq!(copied[at.clone()], original[at]);
         // The link resolves, and still does once the tree is moved.
         assert!(link.join("elf").is_file());
         let moved = tmp.path().join("moved");

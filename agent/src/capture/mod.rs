@@ -5,6 +5,7 @@ pub mod disk_budget;
 pub mod driver;
 pub mod end;
 pub mod jit_maps;
+pub mod keep_debug;
 pub mod outcome;
 pub mod recorder;
 pub mod snapshot;
