@@ -41,6 +41,16 @@ const EXTRA: &[(&str, &str, u32)] = &[
     ("LICENSE", "LICENSE", 0o644),
 ];
 
+/// The tarball's name without `.tar.gz`, also its top directory.
+fn tarball_name() -> String {
+    format!("mt-agent-{}-x86_64-linux-musl", env!("CARGO_PKG_VERSION"))
+}
+
+/// Where [`dist`] writes the tarball in `out_dir`.
+pub fn tarball_path(out_dir: &Path) -> PathBuf {
+    out_dir.join(format!("{}.tar.gz", tarball_name()))
+}
+
 /// Builds the release; returns the tarball's path.
 pub fn dist(target_dir: Option<&Path>, out_dir: Option<&Path>) -> anyhow::Result<PathBuf> {
     setup(false)?;
@@ -52,7 +62,6 @@ pub fn dist(target_dir: Option<&Path>, out_dir: Option<&Path>) -> anyhow::Result
         .map(Path::to_path_buf)
         .unwrap_or_else(|| ws.join("dist"));
     let epoch = source_date_epoch()?;
-    let version = env!("CARGO_PKG_VERSION");
 
     let home = std::env::var("CARGO_HOME")
         .ok()
@@ -80,9 +89,9 @@ pub fn dist(target_dir: Option<&Path>, out_dir: Option<&Path>) -> anyhow::Result
     let bin = target_dir.join(TARGET).join("release").join("mt-agent");
     check_static(&bin)?;
 
-    let name = format!("mt-agent-{version}-x86_64-linux-musl");
+    let name = tarball_name();
     fs::create_dir_all(&out_dir)?;
-    let tarball = out_dir.join(format!("{name}.tar.gz"));
+    let tarball = tarball_path(&out_dir);
     let mut entries: Vec<(String, PathBuf, u32)> = vec![(format!("{name}/mt-agent"), bin, 0o755)];
     for (src, dst, mode) in EXTRA {
         entries.push((format!("{name}/{dst}"), ws.join(src), *mode));

@@ -76,12 +76,17 @@ enum Task {
     /// Check agent/src's layout (stages, import circles, `//!` lines) and
     /// that no file names a missing file; print the figures.
     Layout,
+    /// The reproducibility check's two clean release builds, into DIR/a
+    /// and DIR/b (run by `test`, in the background).
+    #[command(hide = true)]
+    ReleaseBuilds { dir: std::path::PathBuf },
     /// Run setup, then every test. End-to-end tests run as root (via sudo).
     Test {
         /// Skip setup (it is idempotent, but checks take a few seconds).
         #[arg(long)]
         no_setup: bool,
-        /// Skip the release tests (two clean release builds, ~8 min here).
+        /// Skip the release tests (two clean release builds, ~5 min of CPU here,
+        /// in the background while the other tests run).
         #[arg(long)]
         skip_release: bool,
         /// Only end-to-end tests whose name contains this.
@@ -103,6 +108,7 @@ fn main() -> std::process::ExitCode {
         Task::Fuzz { seconds, seed } => fuzz::fuzz(seconds, seed),
         Task::Layout => layout::layout(),
         Task::Docs => docs::docs(),
+        Task::ReleaseBuilds { dir } => test::release_builds(&dir),
         Task::Dist { target_dir, out } => {
             dist::dist(target_dir.as_deref(), out.as_deref()).map(|_| ())
         }

@@ -5,11 +5,22 @@
 //! time, through `sudo` when we are not root. Last come the release
 //! tests: the release is built twice, each time into its own clean target
 //! directory, to check that it is reproducible and works on a bare system.
+//! Those two builds run in the background from the start of the unit tests,
+//! with the idle CPU scheduling class, so that they take only the CPU the
+//! tests leave (the end-to-end tests mostly wait on their targets).
 
-use std::{path::Path, process::Command, time::Instant};
+use std::{
+    fs::File,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::Context as _;
 
 use crate::{
-    dist::dist,
+    dist::tarball_path,
     setup::setup,
     util::{TestCounts, cargo, is_root, privileged_runner, run, run_tests, target_dir},
 };
@@ -52,6 +63,11 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         "--bins",
         "--tests",
     ]))?;
+    let release = if skip_release {
+        None
+    } else {
+        Some(ReleaseBuilds::start(&target_dir().join("dist-check"), t0)?)
+    };
     // Unprivileged unit tests.
     run(cargo().args([
         "test",
@@ -110,20 +126,7 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         eprintln!("xtask: {}", ran_line(filter, ran));
         return Ok(());
     }
-    let check = target_dir().join("dist-check");
-    let mut tarballs = Vec::new();
-    for side in ["a", "b"] {
-        let dir = check.join(side);
-        if dir.exists() {
-            // A clean target directory each time.
-            run(Command::new("rm").arg("-rf").arg(&dir))?;
-        }
-        tarballs.push(dist(Some(&dir.join("target")), Some(&dir.join("out")))?);
-        eprintln!(
-            "xtask: release build {side} done after {:.0} s",
-            t0.elapsed().as_secs_f64()
-        );
-    }
+    let tarballs = release.expect("started unless skipped").wait(t0)?;
     let dist_ran = e2e(
         &["dist"],
         &[
@@ -138,6 +141,112 @@ pub fn test(filter: &[String], skip_setup: bool, skip_release: bool) -> anyhow::
         ran_line(filter, ran),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// The two clean release builds of the reproducibility check
+/// (`cargo xtask release-builds`), running in the background in a process
+/// group of their own, scheduled `SCHED_IDLE` (and idle I/O priority):
+/// they run on CPU time no test wants. Killed with their group if the
+/// suite stops first.
+struct ReleaseBuilds {
+    child: Option<Child>,
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+impl ReleaseBuilds {
+    fn start(dir: &Path, t0: Instant) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let log = dir.join("builds.log");
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("release-builds")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0);
+        // SAFETY: only async-signal-safe system calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let param = libc::sched_param { sched_priority: 0 };
+                if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // IOPRIO_WHO_PROCESS, this process, IOPRIO_CLASS_IDLE (3 << 13):
+                // where the I/O scheduler has classes; ignored elsewhere.
+                libc::syscall(libc::SYS_ioprio_set, 1, 0, 3 << 13);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().context("starting the release builds")?;
+        eprintln!(
+            "xtask: the two release builds run in the background from {:.0} s (log: {})",
+            t0.elapsed().as_secs_f64(),
+            log.display()
+        );
+        Ok(Self {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+            log,
+        })
+    }
+
+    /// Waits for both builds; returns the two tarballs.
+    fn wait(mut self, t0: Instant) -> anyhow::Result<Vec<PathBuf>> {
+        let status = self.child.take().expect("waited once").wait()?;
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        if !status.success() {
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+            anyhow::bail!(
+                "the release builds failed ({status}); their log: {}",
+                self.log.display()
+            );
+        }
+        for line in log.lines().filter(|l| l.contains("release build")) {
+            eprintln!("{line}");
+        }
+        eprintln!(
+            "xtask: release builds waited for at {:.0} s",
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(["a", "b"]
+            .iter()
+            .map(|side| tarball_path(&self.dir.join(side).join("out")))
+            .collect())
+    }
+}
+
+impl Drop for ReleaseBuilds {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on the group the child leads.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `cargo xtask release-builds DIR`: the release built twice, into
+/// `DIR/a` and `DIR/b`, each from a clean target directory.
+pub fn release_builds(dir: &Path) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    for side in ["a", "b"] {
+        let side_dir = dir.join(side);
+        if side_dir.exists() {
+            // A clean target directory each time.
+            run(Command::new("rm").arg("-rf").arg(&side_dir))?;
+        }
+        crate::dist::dist(Some(&side_dir.join("target")), Some(&side_dir.join("out")))?;
+        eprintln!(
+            "xtask: release build {side} done after {:.0} s",
+            t0.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 
