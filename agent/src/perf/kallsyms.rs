@@ -55,14 +55,19 @@ pub fn wanted(line: &str) -> bool {
     }
 }
 
-/// The lines of `kallsyms` that [`wanted`] keeps, each ending in `\n`.
-pub fn minimal(kallsyms: &str) -> String {
+/// The lines of `kallsyms` that [`wanted`] keeps, each ending in `\n`,
+/// read a line at a time: the file is 5.4 MB here (docs/perf-kallsyms.md),
+/// and read whole it was a third of the agent's peak RSS (docs/memory.md).
+pub fn minimal(kallsyms: impl io::BufRead) -> io::Result<String> {
     let mut out = String::new();
-    for line in kallsyms.lines().filter(|l| wanted(l)) {
-        out.push_str(line);
-        out.push('\n');
+    for line in kallsyms.lines() {
+        let line = line?;
+        if wanted(&line) {
+            out.push_str(&line);
+            out.push('\n');
+        }
     }
-    out
+    Ok(out)
 }
 
 /// Whether perf should read the copy (the default) or the real file
@@ -84,8 +89,7 @@ impl KallsymsCopy {
     /// Reads `/proc/kallsyms` (~50 ms of the kernel's CPU) and writes the copy
     /// into `/dev/shm`, or the temporary directory where that is missing.
     pub fn create() -> io::Result<Self> {
-        let text = std::fs::read_to_string("/proc/kallsyms")?;
-        let body = minimal(&text);
+        let body = minimal(io::BufReader::new(File::open("/proc/kallsyms")?))?;
         let dir = ["/dev/shm".into(), std::env::temp_dir()]
             .into_iter()
             .find(|d: &PathBuf| d.is_dir())
@@ -184,7 +188,7 @@ mod tests {
                     ffffffff81e00000 T __entry_SYSCALL_64_trampoline\n\
                     garbage\n";
         assert_eq!(
-            minimal(text),
+            minimal(text.as_bytes()).unwrap(),
             "ffffffff81000000 T _text\n\
              ffffffff81000000 T _stext\n\
              ffffffff82276988 T _etext\n\

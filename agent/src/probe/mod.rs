@@ -63,6 +63,37 @@ pub struct Probes {
     fork_links: Vec<(&'static str, RawTracePointLinkId)>,
 }
 
+/// An `EbpfLoader` made without parsing the kernel's BTF.
+///
+/// aya 0.14's `EbpfLoader::new()` parses all of `/sys/kernel/btf/vmlinux`
+/// at once (`btf: Btf::from_sys_fs().ok()` in its `bpf` module), for CO-RE
+/// relocations, before `.btf(None)` can say none are wanted: 18.7 MiB of
+/// peak RSS for a 5.5 MB file on this kernel (docs/memory.md). The agent's
+/// programs have no CO-RE relocations (`mt_fork` takes `task_struct.tgid`'s
+/// offset from [`btf::task_tgid_offset`]), so the loader is made on a
+/// thread of its own that sees `/dev/null` at that path, in a mount
+/// namespace of its own (gone with the thread): aya's parse fails, and the
+/// loader has no BTF. Where that namespace cannot be made, the loader is
+/// made as usual and its BTF dropped.
+fn loader_without_kernel_btf() -> EbpfLoader<'static> {
+    let hidden = std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::sys::mount_ns::bind_in_private_namespace(
+                c"/dev/null",
+                c"/sys/kernel/btf/vmlinux",
+            )
+            .then(EbpfLoader::new)
+        })
+        .join()
+        .ok()
+        .flatten()
+    });
+    hidden.unwrap_or_else(|| {
+        log::debug!("the kernel's BTF could not be hidden from aya's loader: it parses it");
+        EbpfLoader::new()
+    })
+}
+
 impl Probes {
     /// Creates the maps and loads the programs the run needs into the kernel
     /// (the verifier runs here: ~40 ms per program on our machines). Errors:
@@ -80,7 +111,8 @@ impl Probes {
         } else {
             0
         };
-        let mut ebpf = EbpfLoader::new()
+        let mut ebpf = loader_without_kernel_btf()
+            .btf(None)
             .override_global("MT_TASK_TGID_OFFSET", &tgid_offset, true)
             .map_max_entries("HITS", opts.ring_bytes)
             .override_global("AYA_LOG_LEVEL", &level, true)

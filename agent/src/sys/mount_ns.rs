@@ -4,7 +4,9 @@
 
 use std::ffi::CStr;
 
-/// In the calling process (a child between fork and exec): a mount
+/// In the calling process (a child between fork and exec), or the calling
+/// thread (unshare(2) gives the caller alone a mount namespace, with a
+/// copy of its filesystem attributes): a mount
 /// namespace of its own (`unshare(CLONE_NEWNS)`), the tree made a slave of
 /// the parent's so that later mounts still reach it (`MS_REC | MS_SLAVE`),
 /// and `src` bind-mounted over `dst` (mount(2), mount_namespaces(7)).
