@@ -342,6 +342,24 @@ int main(int argc, char **argv) {
       fflush(stdout);
       sleep_ms(b - b / 2);
     }
+  } else if (!strcmp(mode, "pairs")) {
+    /* pairs N BURN_MS GAP_MS [fn]: N pairs of calls; the first of each
+     * after BURN_MS of CPU (a large snapshot with DWARF stacks), the second
+     * GAP_MS of CPU after it, printed as "first T" and "stamp T". */
+    void (*fn)(long) = argc > 5 ? pick(argv[5]) : trigger;
+    for (long i = 0; i < a; i++) {
+      burn_ms(b);
+      uint64_t t = now_ns();
+      fn((long)t);
+      printf("first %llu\n", (unsigned long long)t);
+      fflush(stdout);
+      burn_ms(c);
+      t = now_ns();
+      fn((long)t);
+      printf("stamp %llu\n", (unsigned long long)t);
+      fflush(stdout);
+      sleep_ms(100);
+    }
   } else if (!strcmp(mode, "busy")) {
     pthread_t t;
     pthread_create(&t, NULL, busy_worker, NULL);

@@ -98,6 +98,24 @@ fn bench_quick_runs_every_part() {
         }
         assert!(l["rename_ms"]["n"].as_u64().unwrap() > 0, "{l}");
     }
+    // The hit 30 ms after a large snapshot: every second call of a pair
+    // has its hit → kill(), and the first snapshots were written.
+    let after = r["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| {
+            l["setup"]
+                .as_str()
+                .is_some_and(|s| s.contains("after a large snapshot"))
+        })
+        .expect("the latency part's after-a-large-snapshot row");
+    assert!(after["failed"].is_null(), "{after}");
+    assert_eq!(after["hit_to_kill_us"]["n"], after["stamps"], "{after}");
+    assert!(
+        after["first_snapshot_bytes_min"].as_u64().unwrap() > 1 << 20,
+        "{after}"
+    );
     let storm = r["storm"].as_array().unwrap();
     for setup in [
         "mt-agent always-armed",

@@ -26,6 +26,7 @@ use mt_agent_tests::*;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
 
+mod after_big;
 mod context_switches;
 mod large_run;
 mod report;
@@ -1157,12 +1158,12 @@ fn latency_run(plan: &Plan, setup: &str) -> Value {
 }
 
 fn latency(plan: &Plan) -> Value {
-    Value::Array(
-        ["mt-agent", "mt-agent --rt-priority 50", "perf-event"]
-            .iter()
-            .map(|s| latency_run(plan, s))
-            .collect(),
-    )
+    let mut rows: Vec<Value> = ["mt-agent", "mt-agent --rt-priority 50", "perf-event"]
+        .iter()
+        .map(|s| latency_run(plan, s))
+        .collect();
+    rows.push(after_big::run(plan.quick));
+    Value::Array(rows)
 }
 
 fn storm_run(plan: &Plan, object: &Path, setup: &str) -> Value {
