@@ -12,7 +12,7 @@
 //!   make the parser read the same bytes over and over. The file size bounds
 //!   the reads that are not kept: the CRC-32 check of a `.gnu_debuglink`
 //!   debug file (whole), and a symbol table's scan (its string table, then
-//!   its entries 64 KiB at a time).
+//!   its entries 64 KiB at a time, docs/symbol-lookup.md).
 //!   1 GiB holds libc, libstdc++, libLLVM (112 MiB) and the debug files of
 //!   most programs; a larger file (the 2 GiB debug file of a browser) is
 //!   skipped at once with a warning naming it.

@@ -4,7 +4,7 @@
 //! read into memory within the size budget of [`crate::symbols::budget`].
 //! Headers are read once and kept; symbol tables are scanned
 //! ([`ElfObject::scan`]) and not kept, so a 100 MB binary costs its string
-//! table's size while a scan runs.
+//! table's size while a scan runs (docs/symbol-lookup.md).
 
 use std::{
     path::{Path, PathBuf},
