@@ -26,6 +26,7 @@ use mt_agent_tests::*;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
 
+mod big_binary;
 mod context_switches;
 mod large_run;
 mod report;
@@ -197,7 +198,8 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large|upload` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large|upload|bigbinary`
+    // runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -259,6 +261,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let big = if part("bigbinary") {
+        big_binary::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": utc("+%Y-%m-%d"),
@@ -281,6 +288,7 @@ fn main() {
         "snapshot": snapshot,
         "large": large,
         "upload": upload,
+        "bigbinary": big,
         "seconds": started.elapsed().as_secs_f64(),
     });
     println!("{}", bench_md::tables(&report));
