@@ -580,26 +580,40 @@ impl<'a> RawSymbol<'a> {
     /// Parses `Elf64_Sym`: st_name (4 bytes), st_info, st_other,
     /// st_shndx (2), st_value (8), st_size (8).
     fn parse(raw: &[u8], le: bool, strings: &'a [u8], index: usize) -> Self {
-        let int = |r: std::ops::Range<usize>| {
-            let b = &raw[r];
-            let fold = |acc: u64, &x: &u8| (acc << 8) | u64::from(x);
+        let u32_at = |at: usize| {
+            let b: [u8; 4] = raw[at..at + 4].try_into().unwrap_or_default();
             if le {
-                b.iter().rev().fold(0, fold)
+                u32::from_le_bytes(b)
             } else {
-                b.iter().fold(0, fold)
+                u32::from_be_bytes(b)
             }
         };
-        let at = usize::try_from(int(0..4)).unwrap_or(usize::MAX);
-        let name = strings.get(at..).map_or(&[][..], |rest| {
-            &rest[..rest.iter().position(|&b| b == 0).unwrap_or(0)]
-        });
+        let u64_at = |at: usize| {
+            let b: [u8; 8] = raw[at..at + 8].try_into().unwrap_or_default();
+            if le {
+                u64::from_le_bytes(b)
+            } else {
+                u64::from_be_bytes(b)
+            }
+        };
+        let shndx = if le {
+            u16::from_le_bytes([raw[6], raw[7]])
+        } else {
+            u16::from_be_bytes([raw[6], raw[7]])
+        };
+        let at = usize::try_from(u32_at(0)).unwrap_or(usize::MAX);
+        // CStr's search for the NUL is memchr's, a word at a time.
+        let name = strings
+            .get(at..)
+            .and_then(|rest| std::ffi::CStr::from_bytes_until_nul(rest).ok())
+            .map_or(&[][..], std::ffi::CStr::to_bytes);
         Self {
             index,
             name,
             st_type: raw[4] & 0xf,
-            defined: int(6..8) != u64::from(elf::SHN_UNDEF),
-            value: int(8..16),
-            size: int(16..24),
+            defined: shndx != elf::SHN_UNDEF,
+            value: u64_at(8),
+            size: u64_at(16),
         }
     }
 
