@@ -15,8 +15,24 @@ use mt_agent::{
     output::events::Printer,
 };
 
+/// Makes glibc's malloc map every buffer of 1 MiB or more on its own and
+/// unmap it when freed. By default it raises that threshold to the size of
+/// each such buffer freed (up to 32 MiB), after which the symbol tables'
+/// string tables (7.5 MB for node) and the kernel's BTF stay in the heap of
+/// the thread that read them once freed, and add up in the peak RSS
+/// (docs/symbol-lookup.md, "Memory"). musl's malloc returns large buffers
+/// by itself.
+fn return_large_buffers() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a malloc parameter; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let started = Instant::now();
+    return_large_buffers();
     let cli = Cli::parse();
     if matches!(
         cli.command,

@@ -32,6 +32,7 @@ pub const PARTS: &[&str] = &[
     "snapshot",
     "large",
     "upload",
+    "bigbinary",
 ];
 
 /// Every table of a run, as the bench prints them after it.
@@ -61,6 +62,7 @@ pub fn part(run: &Value, name: &str, file: &str) -> Option<String> {
         "snapshot" if run["snapshot"]["rows"].is_array() => Some(snapshot(&run["snapshot"])),
         "large" if measured(&run["large"]) => Some(large(&run["large"])),
         "upload" if run["upload"]["rows"].is_array() => Some(upload(&run["upload"])),
+        "bigbinary" if run["bigbinary"]["rows"].is_array() => Some(big_binary(&run["bigbinary"])),
         _ => None,
     }
 }
@@ -603,6 +605,55 @@ fn snapshot(v: &Value) -> String {
             cell(&row["kill_to_dump_ms_p50"], 1),
             cell(&row["armed_ms_p50"], 1),
             plain(&row["snapshots"]),
+            plain(&row["failed_runs"]),
+        );
+    }
+    s
+}
+
+/// The big-binary part (bench `big_binary.rs`): finding a function in node
+/// and arming on it, against `perf probe --add`.
+fn big_binary(v: &Value) -> String {
+    let rows = rows(&v["rows"]);
+    let mut s = String::from("**Attaching to a big binary**\n\n");
+    if let Some(why) = v["no_figure"].as_str() {
+        let _ = writeln!(s, "No figure: {why}.");
+        return s;
+    }
+    let mib = |v: &Value| v.as_f64().map(|k| json!(k / 1024.0));
+    let _ = writeln!(
+        s,
+        "{} ({} MB), `{}`; {} rounds, each setup in turn (docs/symbol-lookup.md). \
+         mt-agent capture: time to armed (perf's own start-up in brackets) and the agent's \
+         peak RSS at armed; the others: wall time and peak RSS. Goals: armed ≤ 300 ms, peak \
+         RSS ≤ 32 MiB.\n",
+        plain(&v["binary"]),
+        v["binary_bytes"]
+            .as_f64()
+            .map_or("-".into(), |b| format!("{:.0}", b / 1e6)),
+        plain(&v["function"]),
+        plain(&v["rounds"]),
+    );
+    s.push_str("| setup | time p50 (ms) | ÷ perf probe | peak RSS p50 (MiB) | ÷ perf probe | failed runs |\n");
+    s.push_str("|---|---|---|---|---|---|\n");
+    let anchor = rows.last().cloned().unwrap_or(Value::Null);
+    let ratio = |row: &Value, key: &str| match (row[key].as_f64(), anchor[key].as_f64()) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    };
+    for row in &rows {
+        let ready = match row["perf_ready_ms_p50"].as_f64() {
+            Some(r) => format!(" ({r:.0})"),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {}{ready} | {} | {} | {} | {} |",
+            row["setup"].as_str().unwrap_or("?"),
+            cell(&row["ms_p50"], 0),
+            ratio(row, "ms_p50"),
+            cell(&mib(&row["rss_kib_p50"]).unwrap_or(Value::Null), 1),
+            ratio(row, "rss_kib_p50"),
             plain(&row["failed_runs"]),
         );
     }

@@ -38,8 +38,6 @@ use std::{
     thread::JoinHandle,
 };
 
-use object::Object as _;
-
 use crate::{capture::keep_debug, output::events::Printer, symbols::maps};
 
 /// The cache's directory inside OUT, as perf's `--buildid-dir` takes it.
@@ -456,11 +454,11 @@ pub fn hex(bytes: &[u8]) -> String {
 /// ELF has none. Read on demand (`pread`), not mapped: a target that
 /// truncates its file gives a short read, not SIGBUS.
 pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
-    let data = object::ReadCache::new(file);
-    let Ok(elf) = object::File::parse(&data) else {
-        return Ok(None);
-    };
-    Ok(elf.build_id().ok().flatten().map(<[u8]>::to_vec))
+    // Only the headers and the notes: not the symbol tables, which
+    // `object::File::parse` would read (4.4 MB of node's).
+    Ok(crate::symbols::elf::gnu_build_id(&object::ReadCache::new(
+        file,
+    )))
 }
 
 fn is_elf(file: &mut File) -> bool {

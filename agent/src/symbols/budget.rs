@@ -7,10 +7,12 @@
 //!   size budget). Files are read on demand with `pread(2)` (headers, symbol
 //!   and string tables, the function's bytes), not mapped, so that a target
 //!   that truncates its file while the agent reads it gives a short read,
-//!   not a SIGBUS. What is read is kept in memory, so the cap on bytes read
-//!   bounds that memory, also for a malformed file whose headers make the
-//!   parser read the same bytes over and over. The file size bounds the one
-//!   whole-file read, the CRC-32 check of a `.gnu_debuglink` debug file.
+//!   not a SIGBUS. What the parser reads is kept in memory, so the cap on
+//!   bytes read bounds that memory, also for a malformed file whose headers
+//!   make the parser read the same bytes over and over. The file size bounds
+//!   the reads that are not kept: the CRC-32 check of a `.gnu_debuglink`
+//!   debug file (whole), and a symbol table's scan (its string table, then
+//!   its entries 64 KiB at a time, docs/symbol-lookup.md).
 //!   1 GiB holds libc, libstdc++, libLLVM (112 MiB) and the debug files of
 //!   most programs; a larger file (the 2 GiB debug file of a browser) is
 //!   skipped at once with a warning naming it.

@@ -2,6 +2,9 @@
 //! debug link. Uses the `object` crate. Files are opened through
 //! [`crate::sys::safe_open`] (inside the target's root, regular files only) and
 //! read into memory within the size budget of [`crate::symbols::budget`].
+//! Headers are read once and kept; symbol tables are scanned
+//! ([`ElfObject::scan`]) and not kept, so a 100 MB binary costs its string
+//! table's size while a scan runs (docs/symbol-lookup.md).
 
 use std::{
     path::{Path, PathBuf},
@@ -10,9 +13,11 @@ use std::{
 
 use anyhow::bail;
 use object::{
-    Endianness, Object as _, ReadCache, ReadRef as _,
+    Endian as _, Endianness, Object as _, ReadCache, ReadRef,
     elf::{self, PT_LOAD},
-    read::elf::{ElfFile64, ProgramHeader as _, Sym as _, SymbolTable},
+    read::elf::{
+        ElfFile64, FileHeader, ProgramHeader as _, SectionHeader as _, SectionTable, Sym as _,
+    },
 };
 
 use crate::symbols::budget::{Budgeted, Source};
@@ -167,10 +172,36 @@ impl ElfObject {
             source,
             len,
         };
-        this.elf()?;
+        let (h, e) = this.header()?;
+        if let Err(err) = h.program_headers(e, &this.cache) {
+            bail!("{}: bad program headers: {err}", this.path.display());
+        }
+        this.sections()?;
         Ok(this)
     }
 
+    /// The file header and its byte order: what every other read starts
+    /// from (its bytes are read once and kept).
+    fn header(&self) -> anyhow::Result<(&Header, Endianness)> {
+        let not_elf = |e: object::Error| {
+            anyhow::anyhow!("{} is not a 64-bit ELF object: {e}", self.path.display())
+        };
+        let h = Header::parse(&self.cache).map_err(not_elf)?;
+        Ok((h, h.endian().map_err(not_elf)?))
+    }
+
+    /// The section headers (read once and kept), with the byte order.
+    fn sections(&self) -> anyhow::Result<(Endianness, Sections<'_>)> {
+        let (h, e) = self.header()?;
+        match h.sections(e, &self.cache) {
+            Ok(t) => Ok((e, t)),
+            Err(err) => bail!("{}: bad section headers: {err}", self.path.display()),
+        }
+    }
+
+    /// The whole file parsed by `object`, which reads and keeps every symbol
+    /// of `.symtab` and `.dynsym`: only for the dynamic relocations
+    /// ([`Self::imports`], [`Self::irelative_slots`]), which IFUNCs need.
     fn elf(&self) -> anyhow::Result<ElfFile64<'_, Endianness, &ReadCache<Budgeted>>> {
         match ElfFile64::<Endianness, _>::parse(&self.cache) {
             Ok(f) => Ok(f),
@@ -210,9 +241,11 @@ impl ElfObject {
     /// malformed file) are left out, so that any address or offset inside a
     /// segment plus a size cut by [`size_in_segment`] cannot overflow.
     pub fn segments(&self) -> Vec<Segment> {
-        let Ok(f) = self.elf() else { return Vec::new() };
-        let e = f.endian();
-        f.elf_program_headers()
+        let Ok((h, e)) = self.header() else {
+            return Vec::new();
+        };
+        h.program_headers(e, &self.cache)
+            .unwrap_or_default()
             .iter()
             .filter(|p| p.p_type(e) == PT_LOAD)
             .map(|p| Segment {
@@ -229,32 +262,29 @@ impl ElfObject {
 
     /// Whether the object has a `.symtab` (is not stripped).
     pub fn has_symtab(&self) -> bool {
-        self.elf().is_ok_and(|f| !f.elf_symbol_table().is_empty())
+        self.table(Which::Symtab)
+            .is_some_and(|(e, _, shdr)| shdr.sh_size(e) >= SYM_SIZE)
     }
 
     /// Whether this is a Go binary: it has Go's build information
     /// (`.go.buildinfo`, Go 1.13 on) or Go's build ID note
     /// (`.note.go.buildid`), which the Go linker writes (cmd/link).
     pub fn is_go(&self) -> bool {
-        self.elf().is_ok_and(|f| {
-            f.section_by_name(".go.buildinfo").is_some()
-                || f.section_by_name(".note.go.buildid").is_some()
-        })
+        self.has_section(".go.buildinfo") || self.has_section(".note.go.buildid")
     }
 
     /// Whether the object has a section of this name.
     pub fn has_section(&self, name: &str) -> bool {
-        self.elf().is_ok_and(|f| f.section_by_name(name).is_some())
+        self.sections()
+            .is_ok_and(|(e, t)| t.section_by_name(e, name.as_bytes()).is_some())
     }
 
     /// `DT_SONAME` of the dynamic section, if any.
     pub fn soname(&self) -> Option<String> {
         use object::read::elf::Dyn as _;
-        let f = self.elf().ok()?;
-        let e = f.endian();
-        let sections = f.elf_section_table();
-        let (dynamic, link) = sections.dynamic(e, f.data()).ok()??;
-        let strings = sections.strings(e, f.data(), link).ok()?;
+        let (e, sections) = self.sections().ok()?;
+        let (dynamic, link) = sections.dynamic(e, &self.cache).ok()??;
+        let strings = sections.strings(e, &self.cache, link).ok()?;
         dynamic
             .iter()
             .find(|d| d.tag32(e) == Some(elf::DT_SONAME))
@@ -267,22 +297,16 @@ impl ElfObject {
     /// (undefined), from `.dynsym` and `.symtab`, without versions.
     pub fn symbols_among(&self, wanted: &[&str]) -> (Vec<String>, Vec<String>) {
         let (mut defined, mut imported) = (Vec::new(), Vec::new());
-        let Ok(f) = self.elf() else {
-            return (defined, imported);
-        };
-        let e = f.endian();
-        for symbols in [f.elf_dynamic_symbol_table(), f.elf_symbol_table()] {
-            for sym in symbols.iter() {
-                let Ok(name) = sym.name(e, symbols.strings()) else {
-                    continue;
-                };
-                let Some(w) = wanted.iter().find(|w| w.as_bytes() == name) else {
-                    continue;
-                };
-                let list = if sym.is_undefined(e) {
-                    &mut imported
-                } else {
+        for which in [Which::Dynsym, Which::Symtab] {
+            let found = self.scan(which, |s| {
+                let w = wanted.iter().find(|w| w.as_bytes() == s.name)?;
+                Some((*w, s.defined))
+            });
+            for (w, is_defined) in found {
+                let list = if is_defined {
                     &mut defined
+                } else {
+                    &mut imported
                 };
                 if !list.iter().any(|n| n == w) {
                     list.push(w.to_string());
@@ -294,28 +318,39 @@ impl ElfObject {
 
     /// The GNU build-id note, if any.
     pub fn build_id(&self) -> Option<Vec<u8>> {
-        self.elf().ok()?.build_id().ok()?.map(<[u8]>::to_vec)
+        gnu_build_id(&self.cache)
     }
 
-    /// `.gnu_debuglink`: the debug file's name and CRC-32.
+    /// `.gnu_debuglink`: the debug file's name and CRC-32 (the name, NUL,
+    /// padding to 4 bytes, then the CRC in the file's byte order).
     pub fn debuglink(&self) -> Option<(String, u32)> {
-        let (name, crc) = self.elf().ok()?.gnu_debuglink().ok()??;
+        let (e, sections) = self.sections().ok()?;
+        let (_, shdr) = sections.section_by_name(e, b".gnu_debuglink")?;
+        let data = shdr.data(e, &self.cache).ok()?;
+        let name = &data[..data.iter().position(|&b| b == 0)?];
+        let at = (name.len() + 1).next_multiple_of(4);
+        let crc: [u8; 4] = data.get(at..at + 4)?.try_into().ok()?;
+        let crc = if e.is_little_endian() {
+            u32::from_le_bytes(crc)
+        } else {
+            u32::from_be_bytes(crc)
+        };
         Some((String::from_utf8_lossy(name).into_owned(), crc))
     }
 
     /// Defined symbols of `.symtab`.
     pub fn symtab(&self) -> Vec<ElfSymbol> {
-        self.symbols_of(false, Table::Symtab)
+        self.symbols_where(Which::Symtab, |_| true)
     }
 
     /// Defined symbols of `.dynsym`, with their versions.
     pub fn dynsym(&self) -> Vec<ElfSymbol> {
-        self.symbols_of(true, Table::Dynsym)
+        self.symbols_where(Which::Dynsym, |_| true)
     }
 
     /// Defined symbols of `.symtab`, labelled as coming from this debug file.
     pub fn debug_symbols(&self) -> Vec<ElfSymbol> {
-        self.symbols_of(false, Table::DebugFile(self.path.clone()))
+        self.symbols_where(Which::DebugFile, |_| true)
     }
 
     /// Where this object's GOT holds the address of the function `name`
@@ -384,61 +419,235 @@ impl ElfObject {
             .collect()
     }
 
-    fn symbols_of(&self, dynamic: bool, table: Table) -> Vec<ElfSymbol> {
-        let Ok(f) = self.elf() else { return Vec::new() };
-        let e = f.endian();
-        let symbols: &SymbolTable<'_, _, &ReadCache<Budgeted>> = if dynamic {
-            f.elf_dynamic_symbol_table()
-        } else {
-            f.elf_symbol_table()
+    /// The defined functions and data symbols of one table whose raw name
+    /// (without version) `keep` accepts; the others are never copied out
+    /// of the table. `.dynsym` names get their `@VER`/`@@VER`.
+    pub fn symbols_where(
+        &self,
+        which: Which,
+        mut keep: impl FnMut(&RawSymbol<'_>) -> bool,
+    ) -> Vec<ElfSymbol> {
+        let table = match which {
+            Which::Symtab => Table::Symtab,
+            Which::Dynsym => Table::Dynsym,
+            Which::DebugFile => Table::DebugFile(self.path.clone()),
         };
-        let versions = if dynamic {
-            f.elf_section_table()
-                .versions(e, &self.cache)
+        let kept = self.scan(which, |s| {
+            let kind = s.kind().filter(|_| s.defined && !s.name.is_empty())?;
+            keep(s).then(|| {
+                (
+                    s.index,
+                    String::from_utf8_lossy(s.name).into_owned(),
+                    kind,
+                    s.value,
+                    s.size,
+                )
+            })
+        });
+        // The version table is read only when a `.dynsym` symbol is kept.
+        let versions = match (which, kept.is_empty()) {
+            (Which::Dynsym, false) => self
+                .sections()
                 .ok()
-                .flatten()
-        } else {
-            None
+                .and_then(|(e, t)| Some((e, t.versions(e, &self.cache).ok()??))),
+            _ => None,
         };
-        let strings = symbols.strings();
+        kept.into_iter()
+            .map(|(index, mut name, kind, value, size)| {
+                if let Some((e, v)) = &versions {
+                    let vi = v.version_index(*e, object::SymbolIndex(index));
+                    if let Ok(Some(ver)) = v.version(vi) {
+                        let sep = if vi.is_hidden() { "@" } else { "@@" };
+                        name = format!("{name}{sep}{}", String::from_utf8_lossy(ver.name()));
+                    }
+                }
+                ElfSymbol {
+                    name,
+                    value,
+                    size,
+                    kind,
+                    table: table.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// The section header of a symbol table, with the byte order.
+    fn table(
+        &self,
+        which: Which,
+    ) -> Option<(Endianness, Sections<'_>, &elf::SectionHeader64<Endianness>)> {
+        let (e, sections) = self.sections().ok()?;
+        let sh_type = match which {
+            Which::Dynsym => elf::SHT_DYNSYM,
+            Which::Symtab | Which::DebugFile => elf::SHT_SYMTAB,
+        };
+        let shdr = sections.iter().find(|s| s.sh_type(e) == sh_type)?;
+        Some((e, sections, shdr))
+    }
+
+    /// Calls `f` on every symbol of a table, in order, and collects what it
+    /// returns. The table is read in pieces of [`SCAN_CHUNK`] bytes and its
+    /// string table in one read, neither kept: a whole-table pass costs
+    /// the string table's size in memory while it runs, and no more after.
+    /// Stops early when the time budget has passed.
+    pub fn scan<T>(&self, which: Which, mut f: impl FnMut(&RawSymbol<'_>) -> Option<T>) -> Vec<T> {
         let mut out = Vec::new();
-        for (index, sym) in symbols.enumerate() {
-            if index.0 % 4096 == 0 && crate::symbols::budget::over(&self.path) {
+        let Some((e, sections, shdr)) = self.table(which) else {
+            return out;
+        };
+        let strings = sections
+            .section(object::SectionIndex(shdr.sh_link(e) as usize))
+            .ok()
+            .filter(|s| s.sh_type(e) == elf::SHT_STRTAB)
+            .map(|s| self.read_uncached(s.sh_offset(e), s.sh_size(e)))
+            .unwrap_or_default();
+        let (start, size) = (shdr.sh_offset(e), shdr.sh_size(e));
+        let count = size / SYM_SIZE;
+        let le = e.is_little_endian();
+        let per_chunk = SCAN_CHUNK / SYM_SIZE;
+        let mut index = 0u64;
+        while index < count {
+            if crate::symbols::budget::over(&self.path) {
                 break;
             }
-            if sym.is_undefined(e) {
-                continue;
-            }
-            let kind = match sym.st_type() {
-                elf::STT_FUNC => SymKind::Func,
-                elf::STT_GNU_IFUNC => SymKind::Ifunc,
-                elf::STT_OBJECT | elf::STT_TLS => SymKind::Data,
-                _ => continue,
-            };
-            let Ok(name) = sym.name(e, strings) else {
-                continue;
-            };
-            if name.is_empty() {
-                continue;
-            }
-            let mut name = String::from_utf8_lossy(name).into_owned();
-            if let Some(v) = &versions {
-                let vi = v.version_index(e, index);
-                if let Ok(Some(ver)) = v.version(vi) {
-                    let sep = if vi.is_hidden() { "@" } else { "@@" };
-                    name = format!("{name}{sep}{}", String::from_utf8_lossy(ver.name()));
+            let n = per_chunk.min(count - index);
+            let chunk = self.read_uncached(start + index * SYM_SIZE, n * SYM_SIZE);
+            for (i, raw) in chunk.chunks_exact(SYM_SIZE as usize).enumerate() {
+                let sym = RawSymbol::parse(raw, le, &strings, (index as usize) + i);
+                if let Some(t) = f(&sym) {
+                    out.push(t);
                 }
             }
-            out.push(ElfSymbol {
-                name,
-                value: sym.st_value(e),
-                size: sym.st_size(e),
-                kind,
-                table: table.clone(),
-            });
+            if (chunk.len() as u64) < n * SYM_SIZE {
+                break;
+            }
+            index += n;
         }
         out
     }
+
+    /// Up to `size` bytes at `offset`, read now and not kept in the cache.
+    pub fn read_uncached(&self, offset: u64, size: u64) -> Vec<u8> {
+        let end = offset.saturating_add(size).min(self.len);
+        let mut buf = vec![0u8; end.saturating_sub(offset) as usize];
+        let mut at = 0;
+        while at < buf.len() {
+            match self.source.read_at(&mut buf[at..], offset + at as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => at += n,
+            }
+        }
+        buf.truncate(at);
+        buf
+    }
+}
+
+/// `Elf64_Sym`'s size.
+const SYM_SIZE: u64 = 24;
+
+/// Bytes of a symbol table read at a time by [`ElfObject::scan`].
+const SCAN_CHUNK: u64 = 64 << 10;
+
+type Header = elf::FileHeader64<Endianness>;
+type Sections<'a> = SectionTable<'a, Header, &'a ReadCache<Budgeted>>;
+
+/// Which symbol table to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    Symtab,
+    Dynsym,
+    /// `.symtab` of an object that is the separate debug file of another.
+    DebugFile,
+}
+
+/// One entry of a symbol table, as [`ElfObject::scan`] passes it: its name
+/// borrowed from the string table (without version).
+#[derive(Debug, Clone, Copy)]
+pub struct RawSymbol<'a> {
+    /// Its index in the table.
+    pub index: usize,
+    pub name: &'a [u8],
+    pub value: u64,
+    pub size: u64,
+    /// `STT_*`.
+    pub st_type: u8,
+    /// Not `SHN_UNDEF`.
+    pub defined: bool,
+}
+
+impl<'a> RawSymbol<'a> {
+    /// Parses `Elf64_Sym`: st_name (4 bytes), st_info, st_other,
+    /// st_shndx (2), st_value (8), st_size (8).
+    fn parse(raw: &[u8], le: bool, strings: &'a [u8], index: usize) -> Self {
+        let u32_at = |at: usize| {
+            let b: [u8; 4] = raw[at..at + 4].try_into().unwrap_or_default();
+            if le {
+                u32::from_le_bytes(b)
+            } else {
+                u32::from_be_bytes(b)
+            }
+        };
+        let u64_at = |at: usize| {
+            let b: [u8; 8] = raw[at..at + 8].try_into().unwrap_or_default();
+            if le {
+                u64::from_le_bytes(b)
+            } else {
+                u64::from_be_bytes(b)
+            }
+        };
+        let shndx = if le {
+            u16::from_le_bytes([raw[6], raw[7]])
+        } else {
+            u16::from_be_bytes([raw[6], raw[7]])
+        };
+        let at = usize::try_from(u32_at(0)).unwrap_or(usize::MAX);
+        // CStr's search for the NUL is memchr's, a word at a time.
+        let name = strings
+            .get(at..)
+            .and_then(|rest| std::ffi::CStr::from_bytes_until_nul(rest).ok())
+            .map_or(&[][..], std::ffi::CStr::to_bytes);
+        Self {
+            index,
+            name,
+            st_type: raw[4] & 0xf,
+            defined: shndx != elf::SHN_UNDEF,
+            value: u64_at(8),
+            size: u64_at(16),
+        }
+    }
+
+    /// The kind, for the types mt-agent lists; None for the others.
+    pub fn kind(&self) -> Option<SymKind> {
+        match self.st_type {
+            elf::STT_FUNC => Some(SymKind::Func),
+            elf::STT_GNU_IFUNC => Some(SymKind::Ifunc),
+            elf::STT_OBJECT | elf::STT_TLS => Some(SymKind::Data),
+            _ => None,
+        }
+    }
+}
+
+/// The GNU build-id note of a 64- or 32-bit ELF file, from its `SHT_NOTE`
+/// sections: only the headers and the notes are read.
+pub fn gnu_build_id<'d, R: ReadRef<'d>>(data: R) -> Option<Vec<u8>> {
+    fn of<'d, H: FileHeader<Endian = Endianness>, R: ReadRef<'d>>(data: R) -> Option<Vec<u8>> {
+        let h = H::parse(data).ok()?;
+        let e = h.endian().ok()?;
+        for shdr in h.sections(e, data).ok()?.iter() {
+            let Ok(Some(mut notes)) = shdr.notes(e, data) else {
+                continue;
+            };
+            while let Ok(Some(note)) = notes.next() {
+                if note.name() == elf::ELF_NOTE_GNU && note.n_type(e) == elf::NT_GNU_BUILD_ID {
+                    return Some(note.desc().to_vec());
+                }
+            }
+        }
+        None
+    }
+    of::<elf::FileHeader64<Endianness>, R>(data)
+        .or_else(|| of::<elf::FileHeader32<Endianness>, R>(data))
 }
 
 /// Opens a file that should be an ELF object: checks the magic, and the

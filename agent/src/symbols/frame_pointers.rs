@@ -12,7 +12,7 @@ use std::path::Path;
 
 use iced_x86::{Code, Decoder, DecoderOptions, Mnemonic, OpKind, Register};
 
-use crate::symbols::elf::{ElfObject, SymKind, size_in_segment, vaddr_to_offset};
+use crate::symbols::elf::{ElfObject, RawSymbol, SymKind, Which, size_in_segment, vaddr_to_offset};
 
 /// Functions sampled per object.
 pub const SAMPLE: usize = 200;
@@ -256,14 +256,17 @@ pub fn count_frames(path: &Path) -> anyhow::Result<FrameCount> {
     // demand and within the size budget (symbols::elf).
     let elf = ElfObject::open(path)?;
     let go = elf.is_go();
-    let mut funcs: Vec<(u64, u64)> = elf
-        .symtab()
-        .into_iter()
-        .chain(elf.dynsym())
-        .filter(|s| s.kind == SymKind::Func && s.size >= 4)
-        .filter(|s| !is_toolchain(s.name.split('@').next().unwrap_or(&s.name)))
-        .map(|s| (s.value, s.size))
-        .collect();
+    // Only addresses and sizes are kept, not names (node: 180,000 symbols).
+    let code = |s: &RawSymbol<'_>| {
+        (s.defined
+            && !s.name.is_empty()
+            && s.kind() == Some(SymKind::Func)
+            && s.size >= 4
+            && !std::str::from_utf8(s.name).is_ok_and(is_toolchain))
+        .then_some((s.value, s.size))
+    };
+    let mut funcs: Vec<(u64, u64)> = elf.scan(Which::Symtab, code);
+    funcs.extend(elf.scan(Which::Dynsym, code));
     funcs.sort_unstable();
     funcs.dedup_by_key(|f| f.0);
     let segments = elf.segments();
@@ -277,7 +280,7 @@ pub fn count_frames(path: &Path) -> anyhow::Result<FrameCount> {
         let Some(offset) = vaddr_to_offset(&segments, addr) else {
             continue;
         };
-        let bytes = elf.read_at(offset, size_in_segment(&segments, addr, size.min(4096)));
+        let bytes = elf.read_uncached(offset, size_in_segment(&segments, addr, size.min(4096)));
         if bytes.is_empty() {
             continue;
         }

@@ -168,11 +168,13 @@ fn load_bias(o: &MappedObject, segments: &[Segment]) -> Option<u64> {
 /// The function of `v` that starts at runtime address `addr`, if any.
 fn function_at(pid: i32, v: &View, addr: u64) -> Option<Function> {
     let vaddr = addr.checked_sub(load_bias(&v.mapped, &v.segments)?)?;
-    v.tables(pid)
-        .into_iter()
-        .flatten()
-        .find(|s| s.kind == SymKind::Func && s.size > 0 && s.value == vaddr)
-        .and_then(|s| v.function(s))
+    v.tables_where(pid, |s| {
+        s.kind() == Some(SymKind::Func) && s.size > 0 && s.value == vaddr
+    })
+    .into_iter()
+    .flatten()
+    .next()
+    .and_then(|s| v.function(&s))
 }
 
 /// Functions of `v` named like implementations of `name` (`__name_*`,

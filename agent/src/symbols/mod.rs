@@ -40,7 +40,7 @@ use std::{
 use serde::Serialize;
 
 use crate::error::Failure;
-use elf::{ElfObject, ElfSymbol, Segment, SymKind};
+use elf::{ElfObject, ElfSymbol, RawSymbol, Segment, SymKind, Which};
 use insn::CostHint;
 use maps::MappedObject;
 use names::{NameMatch, SymbolName};
@@ -115,15 +115,21 @@ impl From<ResolveError> for Failure {
     }
 }
 
-/// One mapped object, opened.
+/// One mapped object, opened. Its symbol tables are read when a search
+/// needs them, and only the symbols a search keeps are copied out
+/// (docs/symbol-lookup.md).
 struct View {
     mapped: MappedObject,
     elf: ElfObject,
     segments: Vec<Segment>,
-    symtab: OnceCell<Vec<ElfSymbol>>,
-    dynsym: OnceCell<Vec<ElfSymbol>>,
-    debug: OnceCell<(Vec<ElfSymbol>, Option<PathBuf>, Vec<PathBuf>)>,
+    /// The separate debug file, looked for at the first search that needs
+    /// it, and the paths searched.
+    debug: OnceCell<(Option<ElfObject>, Vec<PathBuf>)>,
 }
+
+/// The tables of a [`View`] in lookup order: `.symtab`, `.dynsym`, then
+/// the debug file's `.symtab`.
+const LOOKUP: [Which; 3] = [Which::Symtab, Which::Dynsym, Which::DebugFile];
 
 impl View {
     fn open(mapped: MappedObject) -> Option<Self> {
@@ -133,33 +139,45 @@ impl View {
             mapped,
             elf,
             segments,
-            symtab: OnceCell::new(),
-            dynsym: OnceCell::new(),
             debug: OnceCell::new(),
         })
     }
 
-    fn symtab(&self) -> &[ElfSymbol] {
-        self.symtab.get_or_init(|| self.elf.symtab())
+    fn debug(&self, pid: i32) -> &(Option<ElfObject>, Vec<PathBuf>) {
+        self.debug
+            .get_or_init(|| elf::find_debug_file(pid, &self.mapped.path, &self.elf))
     }
 
-    fn dynsym(&self) -> &[ElfSymbol] {
-        self.dynsym.get_or_init(|| self.elf.dynsym())
+    /// The defined symbols of one table whose raw name `keep` accepts.
+    fn symbols(
+        &self,
+        pid: i32,
+        which: Which,
+        keep: impl FnMut(&RawSymbol<'_>) -> bool,
+    ) -> Vec<ElfSymbol> {
+        match which {
+            Which::DebugFile => self
+                .debug(pid)
+                .0
+                .as_ref()
+                .map_or_else(Vec::new, |d| d.symbols_where(Which::DebugFile, keep)),
+            _ => self.elf.symbols_where(which, keep),
+        }
     }
 
-    fn debug(&self, pid: i32) -> &(Vec<ElfSymbol>, Option<PathBuf>, Vec<PathBuf>) {
-        self.debug.get_or_init(|| {
-            let (file, searched) = elf::find_debug_file(pid, &self.mapped.path, &self.elf);
-            match file {
-                Some(f) => (f.debug_symbols(), Some(f.path.clone()), searched),
-                None => (Vec::new(), None, searched),
-            }
-        })
+    /// [`Self::symbols`] of each table, in lookup order.
+    fn tables_where(
+        &self,
+        pid: i32,
+        keep: impl FnMut(&RawSymbol<'_>) -> bool + Clone,
+    ) -> [Vec<ElfSymbol>; 3] {
+        LOOKUP.map(|which| self.symbols(pid, which, keep.clone()))
     }
 
-    /// The tables in lookup order: .symtab, .dynsym, then the debug file.
-    fn tables(&self, pid: i32) -> [&[ElfSymbol]; 3] {
-        [self.symtab(), self.dynsym(), &self.debug(pid).0]
+    /// Every defined symbol of each table: for the paths that need them all
+    /// (suggestions for a name not found, IFUNC implementations).
+    fn tables(&self, pid: i32) -> [Vec<ElfSymbol>; 3] {
+        self.tables_where(pid, |_| true)
     }
 
     fn function(&self, s: &ElfSymbol) -> Option<Function> {
@@ -469,18 +487,19 @@ fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resoluti
         ));
     }
     if f.table == "debug file"
-        && let Some(p) = &v.debug(pid).1
+        && let Some(d) = &v.debug(pid).0
     {
         notes.push(format!(
             "symbol found in separate debug info {}",
-            p.display()
+            d.path.display()
         ));
     }
     // Clones that callers may call instead of the function itself.
     let query = f.name.clone();
+    let word = names::required_word(&query).map(str::as_bytes);
     let mut clones: Vec<String> = Vec::new();
     let mut cold = None;
-    for table in v.tables(pid) {
+    for table in v.tables_where(pid, |s| word.is_none_or(|w| names::contains(s.name, w))) {
         for s in table
             .iter()
             .filter(|s| s.kind == SymKind::Func && s.size > 0)
@@ -523,7 +542,7 @@ fn finish(pid: i32, v: &View, f: Function, probe_offset: u64) -> Result<Resoluti
 /// A symbol that matched a name, with where it came from.
 struct Candidate<'a> {
     view: &'a View,
-    sym: &'a ElfSymbol,
+    sym: ElfSymbol,
     how: NameMatch,
 }
 
@@ -539,7 +558,13 @@ struct Picked<'a> {
 /// default version (`@@`) over its compatibility versions (`@`); an IFUNC
 /// is followed to the implementation the process uses ([`ifunc`]).
 fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>, ResolveError> {
-    let found = prefer_default_version(candidates(pid, views, query), query);
+    let mut found = candidates(pid, views, query, names::required_word(query));
+    if found.is_empty() {
+        // Searched again in every demangled name: the word may be one a
+        // demangler spells differently (docs/symbol-lookup.md).
+        found = candidates(pid, views, query, None);
+    }
+    let found = prefer_default_version(found, query);
     let callable = distinct(found.iter().filter(|c| {
         c.how == NameMatch::Exact
             && (c.sym.kind == SymKind::Ifunc || (c.sym.kind == SymKind::Func && c.sym.size > 0))
@@ -549,7 +574,7 @@ fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>
         1 if callable[0].sym.kind == SymKind::Ifunc => ifunc::implementation(pid, callable[0]),
         1 => {
             let c = callable[0];
-            let function = c.view.function(c.sym).ok_or_else(|| {
+            let function = c.view.function(&c.sym).ok_or_else(|| {
                 ResolveError::Other(Failure::usage(format!(
                     "{query} at {:#x} in {} is outside every LOAD segment; it cannot be probed",
                     c.sym.value,
@@ -564,7 +589,7 @@ fn by_name<'a>(pid: i32, views: &'a [View], query: &'a str) -> Result<Picked<'a>
         }
         n => Err(ResolveError::Other(
             Failure::usage(ambiguous(query, n, &callable))
-                .with_detail(callable.iter().map(|c| listing_line(c.view, c.sym))),
+                .with_detail(callable.iter().map(|c| listing_line(c.view, &c.sym))),
         )),
     }
 }
@@ -600,21 +625,22 @@ fn ambiguous(query: &str, n: usize, callable: &[&Candidate<'_>]) -> String {
 
 /// The symbols whose name matches `query`, per object: `.symtab`, then
 /// `.dynsym`, then the debug file, stopping at the first table of an object
-/// that has the function itself.
-fn candidates<'a>(pid: i32, views: &'a [View], query: &'a str) -> Vec<Candidate<'a>> {
+/// that has the function itself. Only the symbols whose raw name contains
+/// `word` ([`names::required_word`]) are demangled.
+fn candidates<'a>(
+    pid: i32,
+    views: &'a [View],
+    query: &str,
+    word: Option<&str>,
+) -> Vec<Candidate<'a>> {
     let mut found: Vec<Candidate<'a>> = Vec::new();
     for v in views {
         let start = found.len();
-        let has_exact =
-            |found: &[Candidate<'_>]| found[start..].iter().any(|c| c.how == NameMatch::Exact);
-        for syms in [v.symtab(), v.dynsym()] {
-            found.extend(matching(v, syms, query));
-            if has_exact(&found) {
+        for which in LOOKUP {
+            found.extend(matching(pid, v, which, query, word));
+            if found[start..].iter().any(|c| c.how == NameMatch::Exact) {
                 break;
             }
-        }
-        if !has_exact(&found) {
-            found.extend(matching(v, &v.debug(pid).0, query));
         }
     }
     found
@@ -677,25 +703,32 @@ fn nothing_callable(
                  Probe one by its full name (e.g. --symbol '{}')",
                 first.sym.name
             ))
-            .with_detail(clones.iter().map(|c| listing_line(c.view, c.sym))),
+            .with_detail(clones.iter().map(|c| listing_line(c.view, &c.sym))),
         );
     }
     ResolveError::NotFound(not_found(pid, views, query))
 }
 
 fn matching<'a>(
+    pid: i32,
     view: &'a View,
-    syms: &'a [ElfSymbol],
-    query: &'a str,
-) -> impl Iterator<Item = Candidate<'a>> + 'a {
-    syms.iter().filter_map(move |sym| {
-        if crate::symbols::budget::over(&view.mapped.open_path) {
-            return None;
-        }
-        SymbolName::new(&sym.name)
-            .matches(query)
-            .map(|how| Candidate { view, sym, how })
-    })
+    which: Which,
+    query: &str,
+    word: Option<&str>,
+) -> Vec<Candidate<'a>> {
+    let word = word.map(str::as_bytes);
+    let syms = view.symbols(pid, which, |s| {
+        word.is_none_or(|w| names::contains(s.name, w))
+    });
+    syms.into_iter()
+        .filter_map(|sym| {
+            if crate::symbols::budget::over(&view.mapped.open_path) {
+                return None;
+            }
+            let how = SymbolName::new(&sym.name).matches(query)?;
+            Some(Candidate { view, sym, how })
+        })
+        .collect()
 }
 
 /// Drops aliases: the same object and address is one function.
@@ -760,8 +793,9 @@ fn versions_of(views: &[View], query: &str) -> Vec<String> {
         return versions;
     }
     for v in views {
+        let base_bytes = base.as_bytes();
         for s in v
-            .dynsym()
+            .symbols(0, Which::Dynsym, |s| s.name == base_bytes)
             .iter()
             .filter(|s| s.kind == SymKind::Func || s.kind == SymKind::Ifunc)
         {
@@ -778,7 +812,7 @@ fn not_found(pid: i32, views: &[View], query: &str) -> Failure {
     let similar = names::closest(query, shorts.iter().map(String::as_str), 5);
     let mut detail: Vec<String> = similar.iter().map(|s| format!("similar: {s}")).collect();
     for v in views.iter().filter(|v| !v.elf.has_symtab()) {
-        let (_, file, searched) = v.debug(pid);
+        let (file, searched) = v.debug(pid);
         if file.is_none() {
             detail.push(format!(
                 "{} is stripped (no .symtab) and no debug info was found; looked in: {}",
@@ -844,12 +878,20 @@ fn by_address(pid: i32, views: &[View], addr: u64) -> Result<(&View, Function, u
         ))));
     };
     let vaddr = elf::offset_to_vaddr(&v.segments, file_offset).unwrap_or(u64::MAX);
-    for table in v.tables(pid) {
-        if let Some(s) = table.iter().find(|s| {
-            s.kind == SymKind::Func && s.size > 0 && vaddr >= s.value && vaddr - s.value < s.size
-        }) && let Some(f) = v.function(s)
+    let inside = |s: &RawSymbol<'_>| {
+        s.kind() == Some(SymKind::Func)
+            && s.size > 0
+            && vaddr >= s.value
+            && vaddr - s.value < s.size
+    };
+    for which in LOOKUP {
+        if let Some(f) = v
+            .symbols(pid, which, inside)
+            .first()
+            .and_then(|s| v.function(s))
         {
-            return Ok((v, f, vaddr - s.value));
+            let into = vaddr - f.elf_address;
+            return Ok((v, f, into));
         }
     }
     Err(ResolveError::Other(Failure::usage(format!(
@@ -898,63 +940,80 @@ fn list_unbudgeted(
     object: Option<&str>,
 ) -> Result<Vec<Listed>, Failure> {
     let views = open_views(pid, object).map_err(Failure::from)?;
+    let word = pattern.and_then(names::required_word);
     let mut out = Vec::new();
     for v in &views {
-        let mut seen = std::collections::HashSet::new();
-        let stripped = !v.elf.has_symtab();
-        let tables: Vec<&[ElfSymbol]> = if stripped {
-            vec![v.dynsym(), &v.debug(pid).0]
-        } else {
-            vec![v.symtab(), v.dynsym()]
-        };
-        let resolvers: std::collections::HashSet<u64> = tables
-            .iter()
-            .flat_map(|t| t.iter())
-            .filter(|s| s.kind == SymKind::Ifunc)
-            .map(|s| s.value)
-            .collect();
-        for s in tables
-            .iter()
-            .flat_map(|t| t.iter())
-            .filter(|s| (s.kind == SymKind::Func || s.kind == SymKind::Ifunc) && s.size > 0)
-        {
-            if crate::symbols::budget::over(&v.mapped.open_path) {
-                break;
-            }
-            let n = SymbolName::new(&s.name);
-            if let Some(p) = pattern
-                && !s.name.contains(p)
-                && !n.demangled.contains(p)
-            {
-                continue;
-            }
-            let kind = match s.kind {
-                SymKind::Ifunc => "ifunc",
-                _ if resolvers.contains(&s.value) => "ifunc resolver",
-                _ => "function",
-            };
-            // A versioned `.dynsym` name (`f@@V2`) is listed even where
-            // `.symtab` named the same address: it is what --symbol takes.
-            let version = n.version.clone().unwrap_or_default();
-            if !seen.insert((s.value, kind, version)) {
-                continue;
-            }
-            let Some(f) = v.function(s) else { continue };
-            let bytes = v.bytes(&f);
-            out.push(Listed {
-                demangled: n.demangled,
-                mangled: s.name.clone(),
-                object: v.mapped.path.clone(),
-                address: v.runtime_address(f.file_offset).unwrap_or(s.value),
-                elf_address: s.value,
-                size: s.size,
-                table: s.table.label(),
-                kind,
-                cost: insn::cost_hint(&bytes, s.value),
-            });
+        out.extend(list_view(pid, v, pattern, word));
+    }
+    if out.is_empty() && word.is_some() {
+        // Looked for again in every demangled name (docs/symbol-lookup.md).
+        for v in &views {
+            out.extend(list_view(pid, v, pattern, None));
         }
     }
     Ok(out)
+}
+
+/// The rows of one object: its functions whose raw or demangled name
+/// contains `pattern`, demangling only the names that contain `word`.
+fn list_view(pid: i32, v: &View, pattern: Option<&str>, word: Option<&str>) -> Vec<Listed> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let tables = if v.elf.has_symtab() {
+        [Which::Symtab, Which::Dynsym]
+    } else {
+        [Which::Dynsym, Which::DebugFile]
+    };
+    let is_ifunc = |s: &RawSymbol<'_>| s.kind() == Some(SymKind::Ifunc);
+    let resolvers: std::collections::HashSet<u64> = tables
+        .iter()
+        .flat_map(|&t| v.symbols(pid, t, is_ifunc))
+        .map(|s| s.value)
+        .collect();
+    let (pattern_bytes, word) = (pattern.map(str::as_bytes), word.map(str::as_bytes));
+    let wanted = |s: &RawSymbol<'_>| {
+        matches!(s.kind(), Some(SymKind::Func | SymKind::Ifunc))
+            && s.size > 0
+            && (pattern_bytes.is_none_or(|p| names::contains(s.name, p))
+                || word.is_none_or(|w| names::contains(s.name, w)))
+    };
+    for s in tables.iter().flat_map(|&t| v.symbols(pid, t, wanted)) {
+        if crate::symbols::budget::over(&v.mapped.open_path) {
+            break;
+        }
+        let n = SymbolName::new(&s.name);
+        if let Some(p) = pattern
+            && !s.name.contains(p)
+            && !n.demangled.contains(p)
+        {
+            continue;
+        }
+        let kind = match s.kind {
+            SymKind::Ifunc => "ifunc",
+            _ if resolvers.contains(&s.value) => "ifunc resolver",
+            _ => "function",
+        };
+        // A versioned `.dynsym` name (`f@@V2`) is listed even where
+        // `.symtab` named the same address: it is what --symbol takes.
+        let version = n.version.clone().unwrap_or_default();
+        if !seen.insert((s.value, kind, version)) {
+            continue;
+        }
+        let Some(f) = v.function(&s) else { continue };
+        let bytes = v.bytes(&f);
+        out.push(Listed {
+            demangled: n.demangled,
+            mangled: s.name.clone(),
+            object: v.mapped.path.clone(),
+            address: v.runtime_address(f.file_offset).unwrap_or(s.value),
+            elf_address: s.value,
+            size: s.size,
+            table: s.table.label(),
+            kind,
+            cost: insn::cost_hint(&bytes, s.value),
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -994,17 +1053,17 @@ mod tests {
             vec![
                 Candidate {
                     view: &libc,
-                    sym: &both[0],
+                    sym: both[0].clone(),
                     how: NameMatch::Exact,
                 },
                 Candidate {
                     view: &libc,
-                    sym: &both[1],
+                    sym: both[1].clone(),
                     how: NameMatch::Exact,
                 },
                 Candidate {
                     view: &other,
-                    sym: &compat_only[0],
+                    sym: compat_only[0].clone(),
                     how: NameMatch::Exact,
                 },
             ]

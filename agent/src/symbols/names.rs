@@ -161,6 +161,158 @@ fn is_rust_hash_suffixed(s: &str) -> bool {
         .is_some_and(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Words a demangled name may show that its mangled name does not spell
+/// out: C++'s built-in types and keywords (mangled as codes: `i` is `int`),
+/// the `std::` names the Itanium ABI abbreviates (`St`, `Sa`, `Ss`, ...),
+/// the demangler's own words (`{lambda(int)#1}`, `(anonymous namespace)`,
+/// `non-virtual thunk to`), and Rust's (`{closure#0}`, `<impl Trait for T>`,
+/// primitive types in v0). docs/symbol-lookup.md.
+const NOT_SPELLED: &[&str] = &[
+    "void",
+    "wchar_t",
+    "bool",
+    "char",
+    "char8_t",
+    "char16_t",
+    "char32_t",
+    "signed",
+    "unsigned",
+    "short",
+    "int",
+    "long",
+    "float",
+    "double",
+    "__int128",
+    "__float128",
+    "_Float16",
+    "decimal128",
+    "const",
+    "volatile",
+    "restrict",
+    "operator",
+    "new",
+    "delete",
+    "sizeof",
+    "alignof",
+    "typeid",
+    "throw",
+    "noexcept",
+    "decltype",
+    "auto",
+    "nullptr_t",
+    "true",
+    "false",
+    "this",
+    "template",
+    "typename",
+    "std",
+    "allocator",
+    "basic_string",
+    "string",
+    "char_traits",
+    "basic_istream",
+    "basic_ostream",
+    "basic_iostream",
+    "istream",
+    "ostream",
+    "iostream",
+    "anonymous",
+    "namespace",
+    "lambda",
+    "unnamed",
+    "type",
+    "parm",
+    "default",
+    "arg",
+    "vtable",
+    "typeinfo",
+    "name",
+    "for",
+    "guard",
+    "variable",
+    "reference",
+    "temporary",
+    "construction",
+    "non",
+    "virtual",
+    "thunk",
+    "covariant",
+    "return",
+    "transaction_clone",
+    "wrapper",
+    "init",
+    "function",
+    "imaginary",
+    "complex",
+    "literal",
+    "expansion",
+    "impl",
+    "dyn",
+    "mut",
+    "unsafe",
+    "extern",
+    "closure",
+    "shim",
+    "static",
+    "u128",
+    "usize",
+    "i128",
+    "isize",
+    "f32",
+    "f64",
+    "str",
+    "never",
+];
+
+/// A piece of text that the raw name of every symbol `query` names (as
+/// [`SymbolName::matches`] decides, exactly or as a clone) contains, so that
+/// a search can skip the others without demangling them: the longest word
+/// of the query (a run of letters, digits and `_`, not starting with a
+/// digit, at least 3 long, outside `[...]`) that is no part of a
+/// [`NOT_SPELLED`] word. Mangling spells each identifier out (Itanium's
+/// `<source-name>`, Rust's legacy and v0 identifiers), so such a word is
+/// in the raw name; an unmangled name is the query itself. None when the
+/// query has no such word: every symbol must then be demangled.
+pub fn required_word(query: &str) -> Option<&str> {
+    let query = strip_version(query);
+    let mut words: Vec<&str> = Vec::new();
+    let (mut depth, mut start) = (0usize, None);
+    for (i, c) in query.char_indices().chain([(query.len(), ' ')]) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            start.get_or_insert(i);
+            continue;
+        }
+        if let Some(st) = start.take()
+            && depth == 0
+        {
+            words.push(&query[st..i]);
+        }
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    words
+        .into_iter()
+        .filter(|w| {
+            w.len() >= 3
+                && !w.starts_with(|c: char| c.is_ascii_digit())
+                && !NOT_SPELLED.iter().any(|n| n.contains(w))
+        })
+        .rev()
+        .max_by_key(|w| w.len())
+}
+
+/// Whether `hay` contains `needle`.
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    let Some(&first) = needle.first() else {
+        return true;
+    };
+    hay.windows(needle.len())
+        .any(|w| w[0] == first && w == needle)
+}
+
 /// Removes whitespace, so `foo(int, char)` matches `foo(int,char)`.
 fn squeeze(s: &str) -> String {
     s.chars().filter(|c| !c.is_whitespace()).collect()
@@ -284,6 +436,54 @@ mod tests {
             SymbolName::new("foo").matches("foo@@V2"),
             Some(NameMatch::Exact)
         );
+    }
+
+    #[test]
+    fn the_required_word_is_spelled_out_in_every_matching_raw_name() {
+        let cases = [
+            ("handle_request", "handle_request", Some("handle_request")),
+            (
+                "ns::Worker::handle(int)",
+                "_ZN2ns6Worker6handleEi",
+                Some("Worker"),
+            ),
+            (
+                "v8::internal::Heap::CollectGarbage(v8::internal::AllocationSpace, v8::internal::GarbageCollectionReason, v8::GCCallbackFlags)",
+                "_ZN2v88internal4Heap14CollectGarbageENS0_15AllocationSpaceENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE",
+                Some("GarbageCollectionReason"),
+            ),
+            (
+                "Heap::CollectGarbage(v8",
+                "_ZN2v88internal4Heap14CollectGarbageE",
+                Some("CollectGarbage"),
+            ),
+            ("foo@@GLIBC_2.14", "foo", Some("foo")),
+            (
+                "my_crate::server::handle_request::h0123456789abcdef",
+                "_ZN8my_crate6server14handle_request17h0123456789abcdefE",
+                Some("h0123456789abcdef"),
+            ),
+            ("mycrate::foo", "_RNvCs1234_7mycrate3foo", Some("mycrate")),
+            ("f.constprop.0", "f.constprop.0", Some("constprop")),
+        ];
+        for (query, raw, want) in cases {
+            let got = required_word(query);
+            assert_eq!(got, want, "{query}");
+            if let Some(w) = got {
+                assert!(contains(raw.as_bytes(), w.as_bytes()), "{query}: {raw}");
+            }
+        }
+        // Nothing the mangled name is sure to spell out: search everything.
+        for query in [
+            "std::string::operator+=",
+            "f",
+            "{lambda()#1}::operator()",
+            "x[abi:cxx11]",
+        ] {
+            assert_eq!(required_word(query), None, "{query}");
+        }
+        // Parts of words the mangling abbreviates are not used either.
+        assert_eq!(required_word("(unsig"), None);
     }
 
     #[test]

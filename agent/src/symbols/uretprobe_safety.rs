@@ -135,8 +135,14 @@ pub fn hazard(o: &ObjectFacts) -> Option<String> {
 /// hand-written context switches (coroutines, `longjmp`) load it from
 /// elsewhere. Returns its text and address.
 pub fn stack_switch(code: &[u8], ip: u64) -> Option<String> {
+    stack_switch_until(code, ip, code.len() as u64).0
+}
+
+/// [`stack_switch`], decoding instructions that start before byte `stop`
+/// of `code`; also returns where decoding stopped (bytes into `code`).
+fn stack_switch_until(code: &[u8], ip: u64, stop: u64) -> (Option<String>, u64) {
     let mut d = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-    while d.can_decode() {
+    while d.can_decode() && (d.position() as u64) < stop {
         let insn = d.decode();
         if insn.is_invalid() || insn.op_count() == 0 || insn.op0_kind() != OpKind::Register {
             continue;
@@ -161,10 +167,11 @@ pub fn stack_switch(code: &[u8], ip: u64) -> Option<String> {
             m => format!("{m:?}").starts_with("Cmov"),
         };
         if switch {
-            return Some(format!("{:?} at {:#x}", insn.mnemonic(), insn.ip()).to_lowercase());
+            let at = format!("{:?} at {:#x}", insn.mnemonic(), insn.ip()).to_lowercase();
+            return (Some(at), d.position() as u64);
         }
     }
-    None
+    (None, d.position() as u64)
 }
 
 /// Most bytes of code [`process_hazard`] decodes in one process (the sum
@@ -248,7 +255,10 @@ fn object_facts(
         imports,
         stack_switch: None,
     };
-    if core_runtime {
+    // The code is decoded only when nothing else has decided: an object
+    // that imports a raiser (node: __gxx_personality_v0) is a hazard
+    // whatever its code does.
+    if core_runtime || hazard(&facts).is_some() {
         return Ok(facts);
     }
     for seg in elf.segments().iter().filter(|s| s.executable) {
@@ -259,13 +269,48 @@ fn object_facts(
             ));
         }
         *budget -= seg.filesz;
-        let code = elf.read_at(seg.offset, seg.filesz);
-        if let Some(at) = stack_switch(&code, seg.vaddr) {
+        if let Some(at) = segment_stack_switch(elf, seg, DECODE_CHUNK) {
             facts.stack_switch = Some(at);
             break;
         }
     }
     Ok(facts)
+}
+
+/// Bytes of code read and decoded at a time: a segment is never held whole.
+const DECODE_CHUNK: u64 = 1 << 20;
+
+/// [`stack_switch`] over one executable segment, read in pieces of
+/// `chunk` bytes ([`DECODE_CHUNK`]), decoding the same instructions as the whole
+/// segment would: a piece is decoded up to 15 bytes (the longest x86
+/// instruction) before its end, and the next piece starts where the decoder
+/// stopped, so no instruction is cut.
+fn segment_stack_switch(
+    elf: &super::elf::ElfObject,
+    seg: &super::elf::Segment,
+    chunk: u64,
+) -> Option<String> {
+    const LONGEST: u64 = 15;
+    let mut at = 0u64;
+    while at < seg.filesz {
+        let want = chunk.max(2 * LONGEST).min(seg.filesz - at);
+        let code = elf.read_uncached(seg.offset + at, want);
+        if code.is_empty() {
+            return None;
+        }
+        let last = at + code.len() as u64 >= seg.filesz;
+        let stop = if last {
+            code.len() as u64
+        } else {
+            (code.len() as u64).saturating_sub(LONGEST).max(1)
+        };
+        let (found, decoded) = stack_switch_until(&code, seg.vaddr + at, stop);
+        if found.is_some() {
+            return found;
+        }
+        at += decoded.max(1);
+    }
+    None
 }
 
 #[cfg(test)]
@@ -341,6 +386,28 @@ mod tests {
             h.as_deref().is_some_and(|h| h.contains("exception")),
             "{h:?}"
         );
+    }
+
+    #[test]
+    fn code_decoded_in_pieces_is_decoded_as_a_whole() {
+        // glibc's libc has hand-written stack switches (longjmp,
+        // swapcontext); the pieces must find the same first one.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let libc = super::super::maps::parse_maps(&maps)
+            .into_iter()
+            .find(|m| m.path.to_string_lossy().contains("libc.so"))
+            .map(|m| m.path)
+            .unwrap();
+        let elf = super::super::elf::ElfObject::open(&libc).unwrap();
+        let mut found = 0;
+        for seg in elf.segments().iter().filter(|s| s.executable) {
+            let whole = stack_switch(&elf.read_uncached(seg.offset, seg.filesz), seg.vaddr);
+            found += usize::from(whole.is_some());
+            for chunk in [4093, 65536] {
+                assert_eq!(segment_stack_switch(&elf, seg, chunk), whole, "{chunk}");
+            }
+        }
+        assert!(found > 0, "{}", libc.display());
     }
 
     #[test]

@@ -27,6 +27,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::{Value, json};
 
 mod after_big;
+mod big_binary;
 mod context_switches;
 mod large_run;
 mod report;
@@ -198,7 +199,8 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large|upload` runs one part.
+    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large|upload|bigbinary`
+    // runs one part.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -260,6 +262,11 @@ fn main() {
     } else {
         Value::Null
     };
+    let big = if part("bigbinary") {
+        big_binary::run(plan.quick)
+    } else {
+        Value::Null
+    };
 
     let report = json!({
         "date": utc("+%Y-%m-%d"),
@@ -282,6 +289,7 @@ fn main() {
         "snapshot": snapshot,
         "large": large,
         "upload": upload,
+        "bigbinary": big,
         "seconds": started.elapsed().as_secs_f64(),
     });
     println!("{}", bench_md::tables(&report));
