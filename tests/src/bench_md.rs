@@ -625,14 +625,21 @@ fn big_binary(v: &Value) -> String {
         s,
         "{} ({} MB), `{}`; {} rounds, each setup in turn (docs/symbol-lookup.md). \
          mt-agent capture: time to armed (perf's own start-up in brackets) and the agent's \
-         peak RSS at armed; the others: wall time and peak RSS. Goals: armed ≤ 300 ms, peak \
-         RSS ≤ 32 MiB.\n",
+         peak RSS at armed; the others: wall time and peak RSS. The anchor finds `{}`: perf \
+         probe takes `{}`'s mangled name: {}. Goals: armed ≤ 300 ms, peak RSS ≤ 32 MiB.\n",
         plain(&v["binary"]),
         v["binary_bytes"]
             .as_f64()
             .map_or("-".into(), |b| format!("{:.0}", b / 1e6)),
         plain(&v["function"]),
         plain(&v["rounds"]),
+        plain(&v["anchor_function"]),
+        plain(&v["function"]),
+        if v["perf_probe_takes_func"] == json!(true) {
+            "yes"
+        } else {
+            "no"
+        },
     );
     s.push_str("| setup | time p50 (ms) | ÷ perf probe | peak RSS p50 (MiB) | ÷ perf probe | failed runs |\n");
     s.push_str("|---|---|---|---|---|---|\n");
