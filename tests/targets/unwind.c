@@ -6,7 +6,8 @@
  *
  * It prints "ready <pid>", waits for a line on stdin (the go signal), then
  * runs ROUNDS rounds (argument 1, default 3): each round burns CPU for
- * SPIN_MS (argument 2, default 300) four calls deep in its own code,
+ * SPIN_MS (argument 2, default 300) of wall time four calls deep in its own
+ * code,
  * PREFIX_level3 <- PREFIX_level2 <- PREFIX_level1 <- PREFIX_run <- main, then
  * calls trigger(round). Then it exits 0.
  */
@@ -34,9 +35,21 @@ static uint64_t now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* Spins in this function's own code: samples land here, not in libc. */
-__attribute__((noipa)) void F(level3)(uint64_t n) {
-  for (uint64_t k = 0; k < n; k++) __asm__ volatile("" ::: "memory");
+/* The time-stamp counter: read inline, so a spin that watches it stays in
+ * its own code (a clock_gettime call would put samples in the vDSO). */
+static inline uint64_t tsc(void) {
+  uint32_t lo, hi;
+  __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+  return ((uint64_t)hi << 32) | lo;
+}
+
+/* Spins for `ticks` of the time-stamp counter in this function's own code:
+ * samples land here, not in libc. Wall time, not a count of iterations
+ * calibrated once: a count measured on a busy CPU ran short later, and a
+ * second call then fell inside the first hit's cooldown (seen in CI). */
+__attribute__((noipa)) void F(level3)(uint64_t ticks) {
+  uint64_t end = tsc() + ticks;
+  while (tsc() < end) __asm__ volatile("" ::: "memory");
   sink++;
 }
 
@@ -63,11 +76,13 @@ __attribute__((noipa)) void F(run)(long rounds, uint64_t spins) {
 int main(int argc, char **argv) {
   long rounds = argc > 1 ? atol(argv[1]) : 3;
   long spin_ms = argc > 2 ? atol(argv[2]) : 300;
-  /* Spins per ms, measured once. */
-  uint64_t t0 = now_ns();
-  F(level3)(20000000);
-  uint64_t dt = now_ns() - t0;
-  uint64_t per_ms = 20000000ull * 1000000ull / (dt ? dt : 1);
+  /* Time-stamp counter ticks per ms, measured against the monotonic clock
+   * over a 20 ms sleep: both are wall time, so a busy CPU does not skew it. */
+  uint64_t t0 = now_ns(), c0 = tsc();
+  struct timespec nap = {0, 20000000};
+  nanosleep(&nap, NULL);
+  uint64_t dt = now_ns() - t0, dc = tsc() - c0;
+  uint64_t per_ms = dc * 1000000ull / (dt ? dt : 1);
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
   char line[64];
