@@ -26,6 +26,7 @@ pub const PARTS: &[&str] = &[
     "storm",
     "waiting",
     "stacks",
+    "stackneed",
     "armed",
     "report",
     "switch",
@@ -56,6 +57,7 @@ pub fn part(run: &Value, name: &str, file: &str) -> Option<String> {
         "storm" if measured(&run["storm"]) => Some(storm(run) + &storm_disarming(run)),
         "waiting" if measured(&run["waiting"]) => Some(waiting(run)),
         "stacks" if measured(&run["stacks"]) => Some(stacks(run)),
+        "stackneed" if run["stack_need"]["rows"].is_array() => Some(stack_need(&run["stack_need"])),
         "armed" if measured(&run["time_to_armed"]) => Some(armed(run)),
         "report" if measured(&run["report"]) => Some(report(&run["report"])),
         "switch" if measured(&run["switch"]) => Some(switch(&run["switch"])),
@@ -508,6 +510,51 @@ fn stacks(run: &Value) -> String {
             f(&row["bytes_per_sample"]),
             cell(&row["perf_cpu_s"], 2),
             f(&row["ring_16mib_seconds_derived"]),
+        );
+    }
+    s
+}
+
+/// The stack-need table (tests/src/bin/bench/stack_need.rs).
+fn stack_need(v: &Value) -> String {
+    let sizes = [1024, 2048, 4096, 8192, 16384];
+    let mut s = String::from(
+        "**How much stack a DWARF sample needs: samples unwound whole (as with a 32 KiB copy) \
+         at each copy size**\n\n",
+    );
+    s.push_str("| target | samples | reach the thread's start | ");
+    for n in sizes {
+        let _ = write!(s, "whole at {n} | ");
+    }
+    s.push_str(
+        "smallest size ≥ 99% whole | a ring reaches back (× `dwarf,8192`, derived: bytes per sample) |\n",
+    );
+    s.push_str(&"|---".repeat(sizes.len() + 5));
+    s.push_str("|\n");
+    for row in rows(&v["rows"]) {
+        if let Some(line) = failed_row(&row, &label(&row, "target"), sizes.len() + 5) {
+            let _ = writeln!(s, "{line}");
+            continue;
+        }
+        let _ = write!(
+            s,
+            "| {} | {} | {}% | ",
+            label(&row, "target"),
+            plain(&row["samples"]),
+            cell(&row["reach_start_percent"], 1)
+        );
+        for n in sizes {
+            let at = rows(&row["whole_at"])
+                .into_iter()
+                .find(|w| w["bytes"].as_u64() == Some(n))
+                .map_or("-".into(), |w| cell(&w["whole_percent"], 1));
+            let _ = write!(s, "{at}% | ");
+        }
+        let _ = writeln!(
+            s,
+            "{} | {} |",
+            plain(&row["bytes_for_99_percent"]),
+            cell(&row["reach_vs_8192"], 2)
         );
     }
     s

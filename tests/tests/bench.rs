@@ -1,6 +1,6 @@
 //! The bench harness must not rot: `bench --quick` runs every part (overhead
 //! for each setup and first instruction, latency, storm, time to armed,
-//! waiting, stacks, report, switch, snapshot, large) and
+//! waiting, stacks, stack need, report, switch, snapshot, large) and
 //! writes its tables and JSON. No timing is asserted here; the figures live
 //! in `cargo xtask bench`. Privileged.
 
@@ -40,6 +40,7 @@ fn bench_quick_runs_every_part() {
         "Time to armed",
         "Waiting: a busy 2-thread target",
         "Stacks: frame pointers vs DWARF",
+        "How much stack a DWARF sample needs",
         "Report: `mt-agent report` against the anchor pipeline",
         "Context switches: ns per context switch",
         "What a snapshot costs",
@@ -56,6 +57,17 @@ fn bench_quick_runs_every_part() {
                 .is_some_and(f64::is_finite),
             "snapshot row without perf's CPU per snapshot: {row}"
         );
+    }
+    // Every program's samples were found in the file and measured: a
+    // layout the parser does not know would find none.
+    for row in r["stack_need"]["rows"].as_array().expect("stack-need rows") {
+        assert!(row["failed"].is_null(), "stack-need row {row}");
+        let samples = row["samples"].as_u64().unwrap();
+        assert!(samples > 0, "stack-need row {row}");
+        // A sample whose copy failed (size 0) has no stack part: few.
+        let stack = row["stack_samples"].as_u64().unwrap();
+        assert!(stack * 100 >= samples * 95, "{row}");
+        assert!(row["bytes_for_99_percent"].is_u64(), "{row}");
     }
     let overhead = r["overhead"].as_array().unwrap();
     assert_eq!(overhead.len(), 3, "three first-instruction kinds");

@@ -50,6 +50,10 @@ const TEST_PACKAGES: &[&str] = &[
     // Node.js: a JIT runtime whose functions are named only in the perf
     // map it writes (tests/tests/jit.rs).
     "nodejs",
+    // Servers the bench's stack-need table records (pgbench comes with
+    // PostgreSQL's client package, a dependency of postgresql-15).
+    "nginx",
+    "postgresql-15",
 ];
 
 /// Runs every step.

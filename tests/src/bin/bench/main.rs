@@ -32,6 +32,8 @@ mod context_switches;
 mod large_run;
 mod report;
 mod snapshot_cost;
+mod stack_need;
+mod stack_targets;
 mod upload;
 
 /// How much of everything to run.
@@ -199,7 +201,7 @@ fn main() {
         object.display()
     );
 
-    // `--only overhead|latency|storm|armed|waiting|stacks|report|switch|snapshot|large|upload|bigbinary`
+    // `--only overhead|latency|storm|armed|waiting|stacks|stackneed|report|switch|snapshot|large|upload|bigbinary`
     // runs one part.
     let only = args
         .iter()
@@ -236,6 +238,11 @@ fn main() {
         stacks(&plan)
     } else {
         Value::Array(Vec::new())
+    };
+    let stack_need = if part("stackneed") {
+        stack_need::run(plan.quick)
+    } else {
+        Value::Null
     };
     let report_part = if part("report") {
         report::run(plan.quick)
@@ -284,6 +291,7 @@ fn main() {
         "time_to_armed": armed,
         "waiting": waiting,
         "stacks": stacks,
+        "stack_need": stack_need,
         "report": report_part,
         "switch": switch,
         "snapshot": snapshot,
