@@ -22,6 +22,7 @@
 
 mod embed;
 pub mod fleet;
+pub mod graft;
 mod html;
 mod model;
 mod moments;

@@ -16,6 +16,8 @@ use std::{
     process::{Command, Stdio},
 };
 
+use crate::report::graft;
+
 /// The fields asked of `perf script`: thread, time (ns with `--ns`), the
 /// event's name and a tracepoint's fields (`trace`), and the call chain as
 /// address, symbol and object. With `--show-switch-events` perf also prints
@@ -77,6 +79,9 @@ pub struct Samples {
     objects: Vec<String>,
     /// perf's command line, from the header (`# cmdline : ...`).
     pub cmdline: Option<String>,
+    /// Cut DWARF stacks completed from complete ones of their thread
+    /// ([`Samples::graft_cut_stacks`]).
+    pub grafted: usize,
 }
 
 impl Samples {
@@ -97,6 +102,71 @@ impl Samples {
         self.frame_objects[s.start as usize..(s.start + s.len) as usize]
             .iter()
             .map(|&i| self.objects[i as usize].as_str())
+    }
+
+    /// Completes the cut stacks of a DWARF recording (report/graft.rs):
+    /// each sample's, CPU and `sched_switch` alike, from the distinct
+    /// complete stacks of its thread in this file. Frame-pointer stacks
+    /// are not cut by a copy's size, so only DWARF runs (perf's command
+    /// line) are touched.
+    pub fn graft_cut_stacks(&mut self) {
+        if !self.cmdline.as_deref().is_some_and(|c| c.contains("dwarf")) {
+            return;
+        }
+        let start: Vec<bool> = self.names.iter().map(|n| graft::is_start(n)).collect();
+        let unknown = self.ids.get("[unknown]").copied();
+        // Frames with their objects: a grafted frame brings its own.
+        let pairs: Vec<(u32, u32)> = self
+            .frames
+            .iter()
+            .copied()
+            .zip(self.frame_objects.iter().copied())
+            .collect();
+        let range = |s: &Sample| s.start as usize..(s.start + s.len) as usize;
+        let is_complete = |s: &Sample| self.stack(s).last().is_some_and(|&f| start[f as usize]);
+        let mut complete: HashMap<u32, Vec<std::ops::Range<usize>>> = HashMap::new();
+        let mut seen = std::collections::HashSet::new();
+        let all = || {
+            self.samples
+                .iter()
+                .chain(self.sched_switch_samples.iter().map(|s| &s.sample))
+        };
+        for s in all().filter(|s| is_complete(s)) {
+            if seen.insert((s.tid, self.stack(s))) {
+                complete.entry(s.tid).or_default().push(range(s));
+            }
+        }
+        let mut grown = Vec::new();
+        for (k, s) in all().enumerate().filter(|(_, s)| !is_complete(s)) {
+            let Some(refs) = complete.get(&s.tid) else {
+                continue;
+            };
+            let stack = graft::graft(
+                &pairs[range(s)],
+                refs.iter().map(|r| &pairs[r.clone()]),
+                |&(f, _)| start[f as usize],
+                |&(f, _)| Some(f) == unknown,
+            );
+            if let Some(stack) = stack {
+                grown.push((k, stack));
+            }
+        }
+        self.grafted = grown.len();
+        let cpu = self.samples.len();
+        for (k, stack) in grown {
+            let at = self.frames.len() as u32;
+            for (f, o) in &stack {
+                self.frames.push(*f);
+                self.frame_objects.push(*o);
+            }
+            let s = if k < cpu {
+                &mut self.samples[k]
+            } else {
+                &mut self.sched_switch_samples[k - cpu].sample
+            };
+            s.start = at;
+            s.len = stack.len() as u32;
+        }
     }
 
     /// Interns an object name (a run maps a few dozen).
@@ -221,7 +291,7 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
     ));
     let status = child.wait().map_err(|e| e.to_string())?;
     let errs = errs.join().unwrap_or_default();
-    let samples = parsed.map_err(|e| format!("reading perf script's output: {e}"))?;
+    let mut samples = parsed.map_err(|e| format!("reading perf script's output: {e}"))?;
     if !status.success() {
         let last = errs
             .lines()
@@ -230,6 +300,7 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
             .unwrap_or("");
         return Err(format!("perf script failed ({status}): {}", last.trim()));
     }
+    samples.graft_cut_stacks();
     Ok(samples)
 }
 
@@ -511,6 +582,44 @@ mod tests {
                     preempt: false
                 },
             ]
+        );
+    }
+
+    /// A DWARF run: thread 7's second sample and its switch-out were cut
+    /// where the copy ended (a junk frame last); thread 8 has no complete
+    /// stack.
+    const CUT_RUN: &str = "# cmdline : /usr/bin/perf record --call-graph dwarf,1536 -p 7\n\
+        \x20 7 1.000000001: \n\t1 work (/srv)\n\t2 serve (/srv)\n\t3 loop (/srv)\n\t4 main (/srv)\n\t5 _start (/srv)\n\n\
+        \x20 7 1.000000002: \n\t6 other (/srv)\n\t2 serve (/srv)\n\t3 loop (/srv)\n\t9 [unknown] ([unknown])\n\n\
+        \x20 7 1.000000003: sched:sched_switch: prev_comm=srv prev_pid=7 prev_prio=120 prev_state=S ==> next_comm=x\n\
+        \tffff schedule ([kernel.kallsyms])\n\t7 read (/libc.so)\n\t2 serve (/srv)\n\t3 loop (/srv)\n\n\
+        \x20 8 1.000000004: \n\t6 other (/srv)\n\t2 serve (/srv)\n\t3 loop (/srv)\n\n";
+
+    #[test]
+    fn cut_dwarf_stacks_are_completed_from_their_threads_complete_ones() {
+        let names = |s: &Samples, x: &Sample| -> String {
+            let n: Vec<&str> = s.stack(x).iter().map(|&i| s.name(i)).collect();
+            n.join(";")
+        };
+        let mut s = parse(CUT_RUN.as_bytes()).unwrap();
+        s.graft_cut_stacks();
+        assert_eq!(s.grafted, 2);
+        assert_eq!(names(&s, &s.samples[1]), "other;serve;loop;main;_start");
+        let objects: Vec<&str> = s.objects(&s.samples[1]).collect();
+        assert_eq!(objects, ["/srv"; 5]);
+        let blocked = &s.sched_switch_samples[0].sample;
+        assert_eq!(names(&s, blocked), "schedule;read;serve;loop;main;_start");
+        // Another thread's complete stack is not used.
+        assert_eq!(names(&s, &s.samples[2]), "other;serve;loop");
+        assert_eq!(names(&s, &s.samples[0]), "work;serve;loop;main;_start");
+
+        // A frame-pointer run is left as it is.
+        let fp = CUT_RUN.replace("--call-graph dwarf,1536", "--call-graph fp");
+        let mut s = parse(fp.as_bytes()).unwrap();
+        s.graft_cut_stacks();
+        assert_eq!(
+            (s.grafted, names(&s, &s.samples[1]).as_str()),
+            (0, "other;serve;loop;[unknown]")
         );
     }
 

@@ -202,25 +202,109 @@ fn measure_file(name: &str, file: &Path) -> Value {
     let sizes = stack_sizes(&data, offset, FULL_BYTES);
     drop(data);
     let mut stacks = Vec::new();
+    let mut grafted = Vec::new();
     for &n in SIZES {
-        for &(at, dyn_size) in &sizes {
+        for (i, &(at, dyn_size)) in sizes.iter().enumerate() {
+            // Every REFERENCE_EVERY-th sample keeps its whole copy: a
+            // reference stream (see `grafted_whole`).
+            let keep = i.is_multiple_of(REFERENCE_EVERY);
             f.seek(SeekFrom::Start(at)).unwrap();
-            f.write_all(&dyn_size.min(n).to_le_bytes()).unwrap();
+            f.write_all(&if keep { dyn_size } else { dyn_size.min(n) }.to_le_bytes())
+                .unwrap();
         }
         f.flush().unwrap();
-        stacks.push(script(file));
+        let at = script(file);
+        grafted.push(grafted_whole(&full, &at));
+        // The reference samples were left whole: their stacks at this
+        // size are their cut ones, so `needed` reads them from the
+        // unpatched pass above.
+        stacks.push(at);
     }
     // What a sample holds besides its stack copy, from this file: its data
     // section's bytes per stack sample, less the copy.
     let other = (size as f64 / sizes.len().max(1) as f64 - FULL_BYTES as f64).max(0.0);
-    let mut v = row(name, &full, &needed(&full, &stacks), sizes.len());
+    // The reference samples kept their whole copy at every size: the
+    // sizes' figures leave them out.
+    let not_ref = |i: usize| !i.is_multiple_of(REFERENCE_EVERY);
+    let need: Vec<_> = needed(&full, &stacks)
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, n)| not_ref(i).then_some(n))
+        .collect();
+    let full: Vec<Sample> = full
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, s)| not_ref(i).then_some(s))
+        .collect();
+    let mut v = row(name, &full, &need, sizes.len());
     v["other_bytes_per_sample"] = json!(other);
+    v["grafted"] = json!(
+        SIZES
+            .iter()
+            .zip(&grafted)
+            .rev()
+            .map(|(n, g)| json!({"bytes": n, "own_percent": g.0, "with_references_percent": g.1}))
+            .collect::<Vec<_>>()
+    );
     if let Some(chosen) = v["bytes_for_99_percent"].as_f64() {
         // How much further a ring of the same size reaches back with the
         // chosen copy than with perf's default 8192: bytes per sample.
         v["reach_vs_8192"] = json!((8192.0 + other) / (chosen + other));
     }
     v
+}
+
+/// One sample in this many keeps its whole copy in the graft passes:
+/// 999 Hz ÷ 100, a reference stream of ~10 Hz.
+pub const REFERENCE_EVERY: usize = 100;
+
+/// Complete stacks, leaf first.
+type Stacks<'a> = Vec<&'a [String]>;
+
+/// Of the samples that are not references, the percentages whole (their
+/// stack at the full copy) after `report::graft` completes the cut ones:
+/// (from the other samples of the thread that are complete at this size,
+/// from those and the reference samples).
+fn grafted_whole(full: &[Sample], cut: &[Sample]) -> (f64, f64) {
+    use std::collections::{HashMap, HashSet};
+
+    use mt_agent::report::graft::{graft, is_start};
+    // Each thread's distinct complete stacks: (not references, references).
+    let mut complete: HashMap<i32, (Stacks, Stacks)> = HashMap::new();
+    let mut seen = HashSet::new();
+    for (j, o) in cut.iter().enumerate() {
+        let reference = j.is_multiple_of(REFERENCE_EVERY);
+        if o.frames.last().is_some_and(|f| is_start(f))
+            && seen.insert((o.tid, reference, &o.frames))
+        {
+            let lists = complete.entry(o.tid).or_default();
+            if reference {
+                &mut lists.1
+            } else {
+                &mut lists.0
+            }
+            .push(o.frames.as_slice());
+        }
+    }
+    let unknown = |f: &String| f == "[unknown]";
+    let (mut own, mut with_refs, mut n) = (0usize, 0usize, 0usize);
+    let none = (Vec::new(), Vec::new());
+    for (i, (s, f)) in cut.iter().zip(full).enumerate() {
+        if i.is_multiple_of(REFERENCE_EVERY) {
+            continue;
+        }
+        n += 1;
+        let (mine, refs) = complete.get(&s.tid).unwrap_or(&none);
+        let whole = |with: &[&[String]]| {
+            let all = mine.iter().chain(with).copied();
+            let g = graft(&s.frames, all, |f| is_start(f), unknown);
+            g.as_ref().unwrap_or(&s.frames) == &f.frames
+        };
+        own += usize::from(whole(&[]));
+        with_refs += usize::from(whole(refs));
+    }
+    let pct = |k: usize| 100.0 * k as f64 / n.max(1) as f64;
+    (pct(own), pct(with_refs))
 }
 
 /// Sizes whole for at least 99% of the samples, and the spread.

@@ -1,0 +1,159 @@
+//! Cut DWARF stacks completed from the same thread's complete stacks.
+//!
+//! A DWARF sample holds a fixed copy of the thread's stack (`dwarf,SIZE`),
+//! and perf's unwinder stops where the copy ends. What lies beyond it is
+//! the outermost part of the stack: the frames from the thread's start to
+//! its main loop (`_start; main; PostmasterMain; ...; PostgresMain`), which
+//! hold big frames and stay the same for the thread's whole life.
+//! Measured (docs/unwinding.md, "How much stack a sample needs"): at 2048
+//! bytes, every cut nginx sample still named `ngx_http_core_run_phases` or
+//! `main`, and lost only the frames below; PostgreSQL at 4096 lost 1 to 5
+//! frames below `PostgresMain`.
+//!
+//! So a cut stack is completed with the outer frames of a complete stack
+//! of the same thread (one that ends in a thread-start frame) that passes
+//! through the cut stack's outermost frames: the same idea as samply's and
+//! the Firefox profiler's "merge" of truncated stacks, kept to one thread.
+//! Which frames were added is known to the caller (the stack grew); the
+//! report counts them.
+
+/// The frames a thread's stack starts with, outermost: glibc's and musl's
+/// process and thread entry points and Go's goroutine start.
+pub const START_FRAMES: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "thread_start",
+    "runtime.goexit",
+    "runtime.goexit.abi0",
+];
+
+/// Whether `name` is a frame a thread's stack starts with (`START_FRAMES`,
+/// with or without a symbol version: `__libc_start_main@@GLIBC_2.34`).
+pub fn is_start(name: &str) -> bool {
+    let base = name.split('@').next().unwrap_or(name);
+    START_FRAMES.contains(&base)
+}
+
+/// How many of the cut stack's outermost named frames are matched, in
+/// order, in a complete stack: up to 3, and at least 2, so that one common
+/// frame (`malloc`) does not pick a stack that only shares it.
+const ANCHOR: usize = 3;
+const MIN_ANCHOR: usize = 2;
+
+/// `cut` (leaf first) completed from the first of `complete` (leaf first,
+/// each ending in a start frame) that holds the cut stack's outermost
+/// named frames (`unknown` ones dropped from its end) in a row, the most
+/// of them first ([`ANCHOR`] down to [`MIN_ANCHOR`]): the cut stack's named
+/// frames, then that stack's frames beyond them. Where they occur more than
+/// once (recursion), the outermost place is taken, so no frame is added
+/// twice. `None`: nothing to add (the stack is not cut, or no complete
+/// stack passes through it).
+pub fn graft<'a, T: PartialEq + Clone + 'a>(
+    cut: &[T],
+    complete: impl IntoIterator<Item = &'a [T]> + Clone,
+    is_start: impl Fn(&T) -> bool,
+    is_unknown: impl Fn(&T) -> bool,
+) -> Option<Vec<T>> {
+    if cut.last().is_none_or(&is_start) {
+        return None;
+    }
+    let named = cut.len() - cut.iter().rev().take_while(|f| is_unknown(f)).count();
+    if named == 0 {
+        return None;
+    }
+    for k in (MIN_ANCHOR..=named.min(ANCHOR)).rev() {
+        let anchor = &cut[named - k..named];
+        for full in complete.clone() {
+            let Some(at) = full.windows(k).rposition(|w| w == anchor) else {
+                continue;
+            };
+            let rest = &full[at + k..];
+            if !rest.is_empty() {
+                let mut out = cut[..named].to_vec();
+                out.extend_from_slice(rest);
+                return Some(out);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Vec<&str> {
+        s.split(';').collect()
+    }
+
+    fn g(cut: &str, complete: &[&str]) -> Option<String> {
+        let complete: Vec<Vec<&str>> = complete.iter().map(|c| v(c)).collect();
+        graft(
+            &v(cut),
+            complete.iter().map(Vec::as_slice),
+            |f| is_start(f),
+            |f| *f == "[unknown]",
+        )
+        .map(|s| s.join(";"))
+    }
+
+    #[test]
+    fn a_cut_stack_gets_the_outer_frames_of_a_complete_one() {
+        let full = "writev;ngx_http_write;ngx_http_core_run_phases;ngx_process_events;\
+                    ngx_worker_process_cycle;main;__libc_start_main@@GLIBC_2.34;_start";
+        assert_eq!(
+            g(
+                "sendfile;ngx_http_write;ngx_http_core_run_phases;[unknown]",
+                &[full]
+            ),
+            Some(
+                "sendfile;ngx_http_write;ngx_http_core_run_phases;ngx_process_events;\
+                 ngx_worker_process_cycle;main;__libc_start_main@@GLIBC_2.34;_start"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn complete_stacks_and_unmatched_ones_are_left_alone() {
+        let full = "a;b;c;main;_start";
+        assert_eq!(g("x;b;c;main;_start", &[full]), None);
+        // Its outermost frames are in no complete stack.
+        assert_eq!(g("x;y;z", &[full]), None);
+        // One common frame is not enough: two in a row must match.
+        assert_eq!(g("q;r;c", &[full]), None);
+        assert_eq!(g("c", &[full]), None);
+        assert_eq!(g("[unknown];[unknown]", &[full]), None);
+        // The first complete stack that matches is taken, the longest
+        // match first.
+        assert_eq!(
+            g("x;b;c", &["p;q;main;_start", "y;b;c;run;main;_start", full]),
+            Some("x;b;c;run;main;_start".into())
+        );
+        assert_eq!(
+            g("a;b;c", &["y;b;c;run;main;_start", full]),
+            Some("a;b;c;main;_start".into())
+        );
+    }
+
+    #[test]
+    fn recursion_takes_the_outermost_place() {
+        let full = "f;f;f;f;run;main;_start";
+        assert_eq!(
+            g("leaf;f;f;f", &[full]),
+            Some("leaf;f;f;f;run;main;_start".into())
+        );
+    }
+
+    #[test]
+    fn start_frames_with_and_without_versions() {
+        assert!(is_start("__libc_start_main@@GLIBC_2.34"));
+        assert!(is_start("clone3") && is_start("runtime.goexit.abi0"));
+        assert!(!is_start("main") && !is_start("_start_worker"));
+    }
+}
