@@ -136,10 +136,15 @@ impl RunState {
 
     /// Reads the index lines written since the last round without sending
     /// anything, so that [`Self::pending`] counts them (the end of a run
-    /// whose store refused everything).
+    /// whose store refused everything). A run with lines pending that never
+    /// began uploading (the store was unreachable from the start) begins
+    /// now, lock and clock, so that the next agent beside it resumes it.
     pub fn scan(&mut self) {
         for rel in runs::index_dirs(&self.out).unwrap_or_default() {
             let _ = self.read_lines(&rel);
+        }
+        if !self.started && self.pending() > 0 {
+            let _ = self.start();
         }
     }
 
