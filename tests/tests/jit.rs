@@ -1,6 +1,8 @@
 //! JIT code: a Node.js process's JavaScript functions are named in the
 //! report after the process is gone, from the perf map the run kept
-//! (docs/jit-maps.md). Privileged (the capture, the namespaces).
+//! (docs/jit-maps.md), and in the fleet report from the store the run
+//! uploaded to (a real SeaweedFS, docs/upload.md "JIT files"). Privileged
+//! (the capture, the namespaces).
 
 use std::{
     fs,
@@ -9,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use mt_agent_tests::*;
+use mt_agent_tests::{store::SeaweedFs, *};
 use serde_json::Value;
 
 /// The JS function the target spends its time in.
@@ -97,11 +99,18 @@ fn js_frames(out: &Path, o: &Output) -> (u64, u64) {
     (named, js)
 }
 
-#[test]
-fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
+/// A whole capture of `tests/targets/jit.js` (under [`start_node`], in
+/// `dir`) by an agent with `extra` arguments and environment `env`, to
+/// node's exit: the run (its exit code unchecked) and node's host pid.
+/// `at_armed` runs once the agent is armed, before node starts its work.
+fn capture(
+    dir: &Path,
+    extra: &[&str],
+    env: Vec<(String, String)>,
+    at_armed: impl FnOnce(),
+) -> (Run, i32) {
     preflight();
-    let tmp = tempfile::tempdir().unwrap();
-    let mut t = start_node(tmp.path());
+    let mut t = start_node(dir);
     let pid = node_pid(t.pid());
     assert_eq!(
         status_field(pid, "NSpid")
@@ -114,7 +123,7 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
     // whole run. `--object libc` spares the debug build's reading of the
     // 100 MB node binary's symbols (issue 30 §2).
     let pid_s = pid.to_string();
-    let mut agent = Agent::start(&[
+    let mut args = vec![
         "--pid",
         &pid_s,
         "--json",
@@ -123,17 +132,32 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
         "--symbol",
         "gethostname",
         "-v",
-    ]);
+    ];
+    args.extend(extra);
+    let mut agent = Agent::start_with(&args, |c| {
+        c.envs(env);
+    });
+    if let Some(i) = extra.iter().position(|a| *a == "--output") {
+        agent.out = PathBuf::from(extra[i + 1]);
+    }
     let t0 = std::time::Instant::now();
     agent.wait_armed();
     eprintln!("armed after {:?}", t0.elapsed());
+    at_armed();
     t.go();
     let run = agent.finish(Duration::from_secs(60));
     eprintln!("run ended after {:?}", t0.elapsed());
-    assert_eq!(run.code, Some(0), "{}", run.output());
     t.wait(Duration::from_secs(30));
     assert!(!alive(pid), "node still runs");
     assert!(!run.entries("hit").is_empty(), "{}", run.output());
+    (run, pid)
+}
+
+#[test]
+fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, pid) = capture(tmp.path(), &[], Vec::new(), || {});
+    assert_eq!(run.code, Some(0), "{}", run.output());
     // What was kept: one growing copy, and a length for each snapshot.
     let kept = fs::read(run.out.join(".jit").join(format!("perf-{pid}.map"))).unwrap();
     let lines = fs::read_to_string(run.out.join(".jit/kept.jsonl")).unwrap();
@@ -155,8 +179,9 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
     let plain = perf_script(&run.out.join(&hit));
     assert!(!plain.contains(JS_FUNCTION), "perf found a map of its own");
 
+    let t0 = std::time::Instant::now();
     let (named, js) = js_frames(&run.out, &report(&run.out));
-    eprintln!("reported after {:?}", t0.elapsed());
+    eprintln!("reported in {:?}", t0.elapsed());
     eprintln!("after the exit: {named} samples under {JS_FUNCTION}, {js} with JS frames");
     assert!(named > 0, "no {JS_FUNCTION} in the report; {js} JS samples");
 
@@ -167,4 +192,184 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
     let (named2, js2) = js_frames(&moved, &report(&moved));
     eprintln!("moved: {named2} samples under {JS_FUNCTION}, {js2} with JS frames");
     assert_eq!((named2, js2), (named, js));
+}
+
+/// The largest length `kept.jsonl` names for each kept copy, bytes.
+fn longest_kept(kept_jsonl: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut longest = std::collections::BTreeMap::new();
+    for l in kept_jsonl.lines() {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+        let n = longest
+            .entry(v["file"].as_str().unwrap().to_string())
+            .or_insert(0);
+        *n = (*n).max(v["bytes"].as_u64().unwrap());
+    }
+    longest
+}
+
+/// The `upload_summary` event of a run.
+fn upload_summary(run: &Run) -> Value {
+    let summary = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["event"] == "upload_summary");
+    summary.unwrap_or_else(|| panic!("no upload_summary\n{}", run.output()))
+}
+
+/// What the store holds of the `.jit/` of `out` (a `--pid` run uploaded
+/// as `prefix/host/<run>`), checked against its `kept.jsonl`: each kept
+/// copy once, as chunks that join up to the longest length a snapshot
+/// needs, and one line object per snapshot. Returns (chunks, bytes).
+fn assert_jit_in_store(store: &SeaweedFs, base: &str, run: &Run) -> (usize, u64) {
+    let kept = fs::read_to_string(run.out.join(".jit/kept.jsonl")).unwrap();
+    let longest = longest_kept(&kept);
+    let dir = format!("{base}/jit/");
+    let listed = store.list(&dir);
+    let mut chunk_bytes = std::collections::BTreeMap::new();
+    let mut line_objects = 0;
+    for (key, bytes) in &listed {
+        match key.strip_prefix(&dir).unwrap().split_once('/') {
+            Some((file, _span)) => *chunk_bytes.entry(file.to_string()).or_insert(0) += bytes,
+            None => line_objects += 1,
+        }
+    }
+    assert_eq!(chunk_bytes, longest, "{listed:?}");
+    let snapshots = run.entries("hit").len() + run.entries("tail").len();
+    assert_eq!(line_objects, snapshots, "{listed:?}");
+    (listed.len() - line_objects, longest.values().sum())
+}
+
+/// `mt-agent report URL --output DIR --json` with the store's read-only
+/// identity, then [`js_frames`] of it; checks that the mirror of `run`
+/// (`host/<run>/.jit/`) holds its kept perf map of `pid` up to the longest
+/// length its snapshots need. `run`'s OUT must be gone already.
+fn fleet_js(
+    store: &SeaweedFs,
+    url: &str,
+    dir: &Path,
+    host: &str,
+    run: &(Run, i32, Vec<u8>),
+) -> (u64, u64) {
+    let (run, pid, whole) = run;
+    assert!(!run.out.exists());
+    let o = Command::new(agent_bin())
+        .args(["report", url, "--output"])
+        .arg(dir)
+        .args(["--json", "--host", host])
+        .envs(store.reader_env())
+        .output()
+        .expect("mt-agent report s3://");
+    let frames = js_frames(dir, &o);
+    let name = run.out.file_name().unwrap();
+    let mirrored = dir.join(host).join(name).join(".jit");
+    let longest = longest_kept(&fs::read_to_string(mirrored.join("kept.jsonl")).unwrap());
+    let map = format!("perf-{pid}.map");
+    let copy = fs::read(mirrored.join(&map)).unwrap();
+    assert_eq!(copy, whole[..longest[&map] as usize]);
+    frames
+}
+
+#[test]
+fn javascript_frames_are_named_in_the_report_from_the_store_once_out_is_gone() {
+    let store = SeaweedFs::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let url = store.url("prod");
+    let upload = ["--upload", &url, "--upload-host", "node-1"];
+    let (run, pid) = capture(tmp.path(), &upload, store.admin_env(), || {});
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let summary = upload_summary(&run);
+    assert_eq!(summary["pending"], 0, "{summary}");
+    let name = run.out.file_name().unwrap().to_string_lossy().into_owned();
+    let (chunks, bytes) = assert_jit_in_store(&store, &format!("prod/node-1/{name}"), &run);
+    assert!(bytes > 0);
+    assert_eq!(summary["jit_bytes"].as_u64(), Some(bytes), "{summary}");
+    let local = js_frames(&run.out, &report(&run.out));
+    let whole = fs::read(run.out.join(".jit").join(format!("perf-{pid}.map"))).unwrap();
+
+    // OUT is gone: only the store holds the run.
+    fs::remove_dir_all(&run.out).unwrap();
+    let dir = tmp.path().join("fleet");
+    let (named, js) = fleet_js(&store, &url, &dir, "node-1", &(run, pid, whole));
+    eprintln!(
+        "uploaded {bytes} bytes of perf map in {chunks} chunks; from the store: {named} \
+         samples under {JS_FUNCTION}, {js} with JS frames (local report: {local:?})"
+    );
+    assert!(named > 0, "no {JS_FUNCTION} in the report from the store");
+    assert_eq!((named, js), local);
+}
+
+/// The store is down for the whole capture: nothing of the run reaches it
+/// (exit code 5). The next agent, started beside it once the store is
+/// back, resumes the run, `.jit/` included, and the report from the store
+/// names the JS frames.
+#[test]
+fn a_node_run_uploaded_by_the_next_agent_after_an_outage_names_its_javascript_frames() {
+    let mut store = SeaweedFs::start();
+    let root = tempfile::tempdir().unwrap();
+    let url = store.url("prod");
+    let first_out = root.path().join("run-1");
+    let out_s = first_out.to_str().unwrap();
+    let args = [
+        "--upload",
+        &url,
+        "--upload-host",
+        "node-1",
+        "--upload-wait",
+        "1s",
+        "--output",
+        out_s,
+    ];
+    let (run, pid) = capture(root.path(), &args, store.admin_env(), || store.stop());
+    assert_eq!(run.code, Some(5), "{}", run.output());
+    assert!(
+        upload_summary(&run)["pending"].as_u64() > Some(0),
+        "{}",
+        run.output()
+    );
+    store.restart();
+    assert!(store.list("prod/node-1/run-1/").is_empty());
+
+    let mut t = Target::start(&target_path("target"), &["calls", "1", "10"]);
+    let (pid2, second_out) = (t.pid().to_string(), root.path().join("run-2"));
+    let next = [
+        "--pid",
+        &pid2,
+        "--symbol",
+        "trigger",
+        "--json",
+        "--upload",
+        &url,
+        "--upload-host",
+        "node-1",
+        "--output",
+        second_out.to_str().unwrap(),
+    ];
+    let mut b = Agent::start_with(&next, |c| {
+        c.envs(store.admin_env());
+    });
+    b.wait_armed();
+    t.go();
+    let resumed = b.finish(Duration::from_secs(60));
+    assert_eq!(resumed.code, Some(0), "{}", resumed.output());
+    assert_eq!(
+        upload_summary(&resumed)["resumed_runs"],
+        1,
+        "{}",
+        resumed.output()
+    );
+    let (chunks, bytes) = assert_jit_in_store(&store, "prod/node-1/run-1", &run);
+    assert_eq!(upload_summary(&resumed)["jit_bytes"].as_u64(), Some(bytes));
+
+    let local = js_frames(&run.out, &report(&run.out));
+    let whole = fs::read(run.out.join(".jit").join(format!("perf-{pid}.map"))).unwrap();
+    fs::remove_dir_all(&run.out).unwrap();
+    let dir = root.path().join("fleet");
+    let (named, js) = fleet_js(&store, &url, &dir, "node-1", &(run, pid, whole));
+    eprintln!(
+        "resumed: {bytes} bytes of perf map in {chunks} chunks; from the store: {named} samples \
+         under {JS_FUNCTION}, {js} with JS frames (local report: {local:?})"
+    );
+    assert!(named > 0, "no {JS_FUNCTION} in the report from the store");
+    assert_eq!((named, js), local);
 }

@@ -25,8 +25,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Serialize};
-
 use crate::{
     output::runs,
     symbols::maps,
@@ -36,43 +34,14 @@ use crate::{
     },
 };
 
-/// The directory, inside a recorder's output directory, of the kept files.
-pub const DIR: &str = ".jit";
-/// The index of what covers each snapshot, one [`KeptLine`] a line.
-pub const INDEX: &str = "kept.jsonl";
+pub use crate::output::jit_kept::{DIR, INDEX, KeptLine, Kind};
+
 /// A kept file stops growing at this size (bytes): a runaway map must not
 /// fill the disk the snapshots need.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 /// How many descendants of a `--pid` target are looked at (it follows
 /// forks: its workers' samples are in the same perf.data).
 const MAX_DESCENDANTS: usize = 256;
-
-/// Which JIT file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// `/tmp/perf-<pid>.map`: `START SIZE NAME` lines, read by `perf script`.
-    PerfMap,
-    /// `jit-<pid>.dump`: read by `perf inject --jit`.
-    Jitdump,
-}
-
-/// One line of `kept.jsonl`: a kept file's prefix that covers a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeptLine {
-    /// The snapshot's file name (`perf.data.<time>`).
-    pub snapshot: String,
-    /// The process, by its pid as perf.data names it (the agent's pid
-    /// namespace).
-    pub pid: i32,
-    pub kind: Kind,
-    /// The copy's name inside [`DIR`].
-    pub file: String,
-    /// How many bytes of the copy cover the snapshot.
-    pub bytes: u64,
-    /// Where the process wrote it, as the process names it.
-    pub origin: PathBuf,
-}
 
 /// A file a process writes, held open, and its copy.
 struct Source {
@@ -329,10 +298,10 @@ pub fn maps_for(dir: &Path, snapshot: &str) -> Vec<KeptMap> {
     };
     let mut last: HashMap<String, KeptLine> = HashMap::new();
     for line in io::BufReader::new(index).lines().map_while(Result::ok) {
-        let Ok(l) = serde_json::from_str::<KeptLine>(&line) else {
+        let Some(l) = KeptLine::parse(&line) else {
             continue;
         };
-        if l.snapshot == snapshot && l.kind == Kind::PerfMap && valid_name(&l.file) {
+        if l.snapshot == snapshot && l.kind == Kind::PerfMap {
             last.insert(l.file.clone(), l);
         }
     }
@@ -351,11 +320,6 @@ pub fn maps_for(dir: &Path, snapshot: &str) -> Vec<KeptMap> {
         .collect();
     out.sort_by_key(|m| m.pid);
     out
-}
-
-/// A copy's name as [`JitKeeper`] makes them: one plain file name.
-fn valid_name(name: &str) -> bool {
-    !name.is_empty() && !name.contains('/') && name != "." && name != ".."
 }
 
 /// The directory that holds the snapshot open as `file`, and its name:

@@ -3,6 +3,7 @@
 pub mod counters;
 pub mod events;
 pub mod index;
+pub mod jit_kept;
 pub mod run_file;
 pub mod runs;
 pub mod write;

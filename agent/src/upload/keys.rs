@@ -11,6 +11,15 @@ const LINE_DIGITS: usize = 8;
 /// Directory of the shared build-id objects, below the prefix.
 pub const DEBUG_DIR: &str = ".debug";
 
+/// Directory, below an index directory's key, of what its `.jit/` keeps
+/// (docs/upload.md, "JIT files").
+const JIT_DIR: &str = "jit";
+/// Suffix of a snapshot's kept lines (`jit/<snapshot>.jsonl`).
+const JIT_LINES_SUFFIX: &str = ".jsonl";
+/// Digits of each offset in a chunk's key (`000000000000-000000113190`):
+/// a kept copy stops at 256 MiB (capture/jit_maps.rs), 9 digits.
+const OFFSET_DIGITS: usize = 12;
+
 /// One run's place in the store: `PREFIX/HOST/RUN/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunKey {
@@ -44,6 +53,22 @@ pub enum Key {
     ObjectRef {
         run: RunKey,
         id: String,
+    },
+    /// `REL/jit/<snapshot>.jsonl`: the lines of `REL/.jit/kept.jsonl` for
+    /// that snapshot.
+    JitLines {
+        run: RunKey,
+        rel: String,
+        snapshot: String,
+    },
+    /// `REL/jit/<file>/<start>-<end>`: bytes `start..end` of
+    /// `REL/.jit/<file>`.
+    JitChunk {
+        run: RunKey,
+        rel: String,
+        file: String,
+        start: u64,
+        end: u64,
     },
     /// `.debug/<id>/elf`.
     DebugObject {
@@ -115,6 +140,40 @@ impl RunKey {
     pub fn object_ref(&self, id: &str) -> String {
         join(&[&self.base(), "objects", &format!("{id}.json")])
     }
+
+    /// `REL/jit/<snapshot>.jsonl`.
+    pub fn jit_lines(&self, rel: &str, snapshot: &str) -> String {
+        join(&[
+            &self.base(),
+            rel,
+            JIT_DIR,
+            &format!("{snapshot}{JIT_LINES_SUFFIX}"),
+        ])
+    }
+
+    /// `REL/jit/<file>/<start>-<end>`, offsets in bytes.
+    pub fn jit_chunk(&self, rel: &str, file: &str, start: u64, end: u64) -> String {
+        join(&[
+            &self.base(),
+            rel,
+            JIT_DIR,
+            file,
+            &format!("{start:0OFFSET_DIGITS$}-{end:0OFFSET_DIGITS$}"),
+        ])
+    }
+}
+
+/// `<start>-<end>` of a chunk's key, each of [`OFFSET_DIGITS`] digits,
+/// start before end.
+fn parse_span(name: &str) -> Option<(u64, u64)> {
+    let (a, b) = name.split_once('-')?;
+    let num = |s: &str| {
+        (s.len() == OFFSET_DIGITS && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let (start, end) = (num(a)?, num(b)?);
+    (start < end).then_some((start, end))
 }
 
 /// `PREFIX/.debug/<id>/elf`.
@@ -171,6 +230,9 @@ fn parse_in_run(run: RunKey, tail: &[&str]) -> Option<Key> {
     if !dirs.iter().all(|d| plain_segment(d)) {
         return None;
     }
+    if let Some(k) = parse_jit(&run, dirs, last) {
+        return Some(k);
+    }
     if let Some((index, rel)) = dirs.split_last().filter(|(d, _)| **d == "index") {
         let _ = index;
         let n = last.strip_suffix(".json")?;
@@ -187,6 +249,32 @@ fn parse_in_run(run: RunKey, tail: &[&str]) -> Option<Key> {
         run,
         rel: dirs.join("/"),
         file: (*last).into(),
+    })
+}
+
+/// A `jit/` key below an index directory's (`dirs` and `last` as in
+/// [`parse_in_run`]).
+fn parse_jit(run: &RunKey, dirs: &[&str], last: &str) -> Option<Key> {
+    if let Some((&JIT_DIR, rel)) = dirs.split_last()
+        && let Some(snapshot) = last.strip_suffix(JIT_LINES_SUFFIX)
+        && snapshot.starts_with("perf.data.")
+    {
+        return Some(Key::JitLines {
+            run: run.clone(),
+            rel: rel.join("/"),
+            snapshot: snapshot.into(),
+        });
+    }
+    let [rel @ .., JIT_DIR, file] = dirs else {
+        return None;
+    };
+    let (start, end) = parse_span(last)?;
+    Some(Key::JitChunk {
+        run: run.clone(),
+        rel: rel.join("/"),
+        file: (*file).into(),
+        start,
+        end,
     })
 }
 
@@ -241,6 +329,42 @@ mod tests {
                     },
                 ),
                 (
+                    r.jit_lines("api/4242", "perf.data.2026120209300012"),
+                    Key::JitLines {
+                        run: r.clone(),
+                        rel: "api/4242".into(),
+                        snapshot: "perf.data.2026120209300012".into(),
+                    },
+                ),
+                (
+                    r.jit_chunk("", "perf-4242.map", 0, 113190),
+                    Key::JitChunk {
+                        run: r.clone(),
+                        rel: "".into(),
+                        file: "perf-4242.map".into(),
+                        start: 0,
+                        end: 113190,
+                    },
+                ),
+                (
+                    r.jit_chunk("jit", "jit-7.dump", 5, 6),
+                    Key::JitChunk {
+                        run: r.clone(),
+                        rel: "jit".into(),
+                        file: "jit-7.dump".into(),
+                        start: 5,
+                        end: 6,
+                    },
+                ),
+                (
+                    r.snapshot("jit", "perf.data.1"),
+                    Key::Snapshot {
+                        run: r.clone(),
+                        rel: "jit".into(),
+                        file: "perf.data.1".into(),
+                    },
+                ),
+                (
                     debug_object(prefix, "go-abc"),
                     Key::DebugObject {
                         id: "go-abc".into(),
@@ -256,6 +380,10 @@ mod tests {
             "p/web-1/20261202-093000/index/00000042.json"
         );
         assert_eq!(debug_object("", "ab"), ".debug/ab/elf");
+        assert_eq!(
+            run("p").jit_chunk("api", "perf-1.map", 10, 1234),
+            "p/web-1/20261202-093000/api/jit/perf-1.map/000000000010-000000001234"
+        );
     }
 
     #[test]
@@ -269,6 +397,12 @@ mod tests {
             "prod/web-1/r/../clock.json",
             "prod/.debug/ab/elf.tmp",
             "prod/web-1",
+            "prod/web-1/r/jit/perf-1.map/000000000010-000000000010",
+            "prod/web-1/r/jit/perf-1.map/000000000020-000000000010",
+            "prod/web-1/r/jit/perf-1.map/10-20",
+            "prod/web-1/r/jit/perf-1.map/00000000001a-000000000020",
+            "prod/web-1/r/jit/.x/000000000000-000000000020",
+            "prod/web-1/r/jit/notes.jsonl",
         ] {
             assert_eq!(parse("prod", key), None, "{key}");
         }

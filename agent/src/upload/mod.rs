@@ -1,7 +1,9 @@
-//! Upload: each finished snapshot, its index line, `run.json` and the ELF
-//! objects it maps, to S3-compatible object storage (docs/upload.md), apart
+//! Upload: each finished snapshot, its index line, `run.json`, the ELF
+//! objects it maps and the JIT files kept for it, to S3-compatible object
+//! storage (docs/upload.md), apart
 //! from the driver; and the store's side of the fleet report.
 
+pub mod jit;
 pub mod journal;
 pub mod keys;
 pub mod run_state;

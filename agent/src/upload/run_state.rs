@@ -1,6 +1,7 @@
 //! One run being uploaded: what of its OUT the store does not hold yet, in
 //! the order docs/upload.md gives (clock, then per index line: the build-id
-//! objects before it, its snapshot, the line itself; `run.json` last), and
+//! objects before it, what its snapshot needs of `.jit/`, its snapshot, the
+//! line itself; `run.json` last), and
 //! sending it. A round sends everything it finds or stops at the first
 //! refusal; the next round starts again from what is not confirmed.
 
@@ -12,6 +13,7 @@ use std::{
 };
 
 use super::{
+    jit::{ForSnapshot, KeptCursor},
     journal::{Clock, Journal},
     keys::{self, RunKey},
     send::{self, Digest, SendError},
@@ -19,6 +21,7 @@ use super::{
 };
 use crate::output::{
     index::{INDEX_FILE, IndexLine},
+    jit_kept,
     run_file::RUN_FILE,
     runs,
 };
@@ -32,6 +35,8 @@ pub enum Sent {
     Snapshot,
     /// A build-id object the store already held (another host or run).
     Shared,
+    /// A chunk of a kept JIT file (upload/jit.rs).
+    Jit,
     Other,
 }
 
@@ -62,6 +67,8 @@ pub struct RunState {
     journal: Journal,
     clock: Clock,
     cursors: HashMap<PathBuf, Cursor>,
+    /// Each index directory's `.jit/kept.jsonl`, read as it grows.
+    jit: HashMap<PathBuf, KeptCursor>,
     /// `.debug/.../<id>/elf` files already handled.
     objects: HashSet<PathBuf>,
     /// A recorder may still write here: it indexes what we delete itself.
@@ -95,6 +102,7 @@ impl RunState {
             journal: Journal::open(out),
             clock,
             cursors: HashMap::new(),
+            jit: HashMap::new(),
             objects: HashSet::new(),
             live,
             delete,
@@ -128,10 +136,15 @@ impl RunState {
 
     /// Reads the index lines written since the last round without sending
     /// anything, so that [`Self::pending`] counts them (the end of a run
-    /// whose store refused everything).
+    /// whose store refused everything). A run with lines pending that never
+    /// began uploading (the store was unreachable from the start) begins
+    /// now, lock and clock, so that the next agent beside it resumes it.
     pub fn scan(&mut self) {
         for rel in runs::index_dirs(&self.out).unwrap_or_default() {
             let _ = self.read_lines(&rel);
+        }
+        if !self.started && self.pending() > 0 {
+            let _ = self.start();
         }
     }
 
@@ -196,7 +209,8 @@ impl RunState {
         Ok(())
     }
 
-    /// One index line: the objects copied before it, its snapshot, itself.
+    /// One index line: the objects copied before it, what its snapshot
+    /// needs of `.jit/`, its snapshot, itself.
     async fn send_line(
         &mut self,
         store: &Store,
@@ -207,24 +221,83 @@ impl RunState {
     ) -> Result<(), SendError> {
         let rel_key = keys::rel_text(rel).unwrap_or_default();
         let key = self.key.index_line(&rel_key, n);
-        if self.journal.confirmed(&key).is_some() {
-            return Ok(());
-        }
-        self.send_objects(store, sink).await?;
         let snapshot = match IndexLine::parse(text.trim_end()) {
             Some(IndexLine::Snapshot(s)) => Some(s.snapshot.file.clone()),
             _ => None,
         };
+        let jit = match &snapshot {
+            Some(file) => self.jit_of(rel, file).map_err(SendError::Local)?,
+            None => None,
+        };
+        if self.journal.confirmed(&key).is_some() {
+            self.jit_taken(rel, snapshot.as_deref());
+            return Ok(());
+        }
+        self.send_objects(store, sink).await?;
+        if let (Some(file), Some(jit)) = (&snapshot, jit) {
+            self.send_jit(store, rel, &rel_key, file, jit, sink).await?;
+        }
         if let Some(file) = &snapshot {
             self.send_snapshot(store, rel, &rel_key, file, sink).await?;
         }
         self.put_bytes(store, &key, text.as_bytes(), sink).await?;
+        self.jit_taken(rel, snapshot.as_deref());
         if self.delete
             && let Some(file) = &snapshot
         {
             self.delete_local(rel, file, sink);
         }
         Ok(())
+    }
+
+    /// What `snapshot` of `rel` needs of `rel/.jit/`, once the lines its
+    /// recorder wrote before its index line are read.
+    fn jit_of(&mut self, rel: &Path, snapshot: &str) -> io::Result<Option<ForSnapshot>> {
+        let c = self.jit.entry(rel.to_path_buf()).or_default();
+        c.read(&self.out.join(rel))?;
+        Ok(c.pending(snapshot))
+    }
+
+    fn jit_taken(&mut self, rel: &Path, snapshot: Option<&str>) {
+        if let (Some(c), Some(s)) = (self.jit.get_mut(rel), snapshot) {
+            c.taken(s);
+        }
+    }
+
+    /// The chunks of the kept copies `snapshot` reaches, then its lines of
+    /// `kept.jsonl` (docs/upload.md, "JIT files"). A copy gone from disk
+    /// (removed by hand) is skipped: the fleet report keeps only the lines
+    /// its chunks cover.
+    async fn send_jit(
+        &mut self,
+        store: &Store,
+        rel: &Path,
+        rel_key: &str,
+        snapshot: &str,
+        jit: ForSnapshot,
+        sink: &mut dyn Sink,
+    ) -> Result<(), SendError> {
+        let dir = self.out.join(rel).join(jit_kept::DIR);
+        for c in &jit.chunks {
+            let key = self.key.jit_chunk(rel_key, &c.file, c.start, c.end);
+            if self.journal.confirmed(&key).is_some() {
+                continue;
+            }
+            let f = match File::open(dir.join(&c.file)) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(SendError::Local(e)),
+            };
+            let d = send::digest_at(&f, c.start, c.end - c.start).map_err(SendError::Local)?;
+            if d.bytes < c.end - c.start {
+                continue;
+            }
+            self.put_file(store, &key, &f, c.start, &d).await?;
+            sink.sent(Sent::Jit, &key, &c.file, d.bytes);
+        }
+        let key = self.key.jit_lines(rel_key, snapshot);
+        self.put_bytes(store, &key, jit.lines.as_bytes(), sink)
+            .await
     }
 
     async fn send_snapshot(
@@ -249,7 +322,7 @@ impl RunState {
             Err(e) => return Err(SendError::Local(e)),
         };
         let d = send::digest(&f).map_err(SendError::Local)?;
-        self.put_file(store, &key, &f, &d).await?;
+        self.put_file(store, &key, &f, 0, &d).await?;
         sink.sent(Sent::Snapshot, &key, file, d.bytes);
         Ok(())
     }
@@ -273,7 +346,7 @@ impl RunState {
                     self.confirm(&shared, &d)?;
                     sink.sent(Sent::Shared, &shared, &id, d.bytes);
                 } else {
-                    self.put_file(store, &shared, &f, &d).await?;
+                    self.put_file(store, &shared, &f, 0, &d).await?;
                     sink.sent(Sent::Other, &shared, &id, d.bytes);
                 }
             }
@@ -286,16 +359,19 @@ impl RunState {
         Ok(())
     }
 
+    /// Sends `d.bytes` bytes of `f` from offset `start` to `key` unless
+    /// the store holds them there already (asked only in doubt).
     async fn put_file(
         &mut self,
         store: &Store,
         key: &str,
         f: &File,
+        start: u64,
         d: &Digest,
     ) -> Result<(), SendError> {
         if !(self.doubt && send::holds(store, key, d).await.map_err(SendError::Store)?) {
             self.doubt = true;
-            send::send(store, key, f, d).await?;
+            send::send_at(store, key, f, start, d).await?;
         }
         self.confirm(key, d)
     }

@@ -62,6 +62,14 @@ impl std::fmt::Display for SendError {
 
 /// Hashes `file` as [`send`] will send it.
 pub fn digest(file: &File) -> io::Result<Digest> {
+    digest_at(file, 0, u64::MAX)
+}
+
+/// Hashes at most `len` bytes of `file` from offset `start` (bytes), as
+/// [`send_at`] will send them: a piece of a file that grows (a kept JIT
+/// map, docs/upload.md "JIT files"). [`Digest::bytes`] is less than `len`
+/// when the file ends first.
+pub fn digest_at(file: &File, start: u64, len: u64) -> io::Result<Digest> {
     let mut sha = Sha256::new();
     let mut part_md5s = Vec::new();
     let mut bytes = 0;
@@ -69,9 +77,11 @@ pub fn digest(file: &File) -> io::Result<Digest> {
     loop {
         let mut part = Md5::new();
         let mut in_part = 0;
-        while in_part < PART_BYTES {
-            let want = buf.len().min((PART_BYTES - in_part) as usize);
-            let n = file.read_at(&mut buf[..want], bytes)?;
+        while in_part < PART_BYTES && bytes < len {
+            let want = (buf.len() as u64)
+                .min(PART_BYTES - in_part)
+                .min(len - bytes) as usize;
+            let n = file.read_at(&mut buf[..want], start + bytes)?;
             if n == 0 {
                 break;
             }
@@ -137,9 +147,21 @@ fn attributes(d: &Digest) -> Attributes {
 
 /// Sends `file` (hashed as `d`) to `key`, and checks the store's ETag.
 pub async fn send(store: &Store, key: &str, file: &File, d: &Digest) -> Result<(), SendError> {
+    send_at(store, key, file, 0, d).await
+}
+
+/// Sends the `d.bytes` bytes of `file` from offset `start` (hashed as `d`
+/// by [`digest_at`]) to `key`, and checks the store's ETag.
+pub async fn send_at(
+    store: &Store,
+    key: &str,
+    file: &File,
+    start: u64,
+    d: &Digest,
+) -> Result<(), SendError> {
     let key = Key::from(key);
     let etag = if d.bytes <= PART_BYTES {
-        let body = read_part(file, 0, d.bytes).map_err(SendError::Local)?;
+        let body = read_part(file, start, d.bytes).map_err(SendError::Local)?;
         let opts = PutOptions {
             attributes: attributes(d),
             ..Default::default()
@@ -150,7 +172,7 @@ pub async fn send(store: &Store, key: &str, file: &File, d: &Digest) -> Result<(
             .await;
         r.map_err(SendError::Store)?.e_tag
     } else {
-        send_parts(store, &key, file, d).await?
+        send_parts(store, &key, file, start, d).await?
     };
     match etag.as_deref().map(bare) {
         Some(got) if got == d.etag => Ok(()),
@@ -165,6 +187,7 @@ async fn send_parts(
     store: &Store,
     key: &Key,
     file: &File,
+    start: u64,
     d: &Digest,
 ) -> Result<Option<String>, SendError> {
     let opts = PutMultipartOptions {
@@ -179,7 +202,7 @@ async fn send_parts(
     let mut at = 0;
     while at < d.bytes {
         let n = PART_BYTES.min(d.bytes - at);
-        let part = match read_part(file, at, n) {
+        let part = match read_part(file, start + at, n) {
             Ok(p) => p,
             Err(e) => {
                 let _ = up.abort().await;
@@ -278,5 +301,21 @@ mod tests {
         // Exactly one part's worth is still one PUT.
         let one = digest_of(&body[..PART_BYTES as usize]);
         assert!(!one.etag.contains('-'));
+    }
+
+    #[test]
+    fn a_piece_of_a_file_hashes_as_that_content_alone() {
+        let body: Vec<u8> = (0..PART_BYTES * 2 + 5).map(|i| (i % 251) as u8).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&body).unwrap();
+        let start = 7;
+        let len = PART_BYTES + 3;
+        let piece = &body[start as usize..(start + len) as usize];
+        assert_eq!(digest_at(&f, start, len).unwrap(), digest_of(piece));
+        assert_eq!(digest_at(&f, 3, 4).unwrap(), digest_bytes(&body[3..7]));
+        // Past the end: what there is.
+        let tail = digest_at(&f, body.len() as u64 - 2, 10).unwrap();
+        assert_eq!(tail, digest_bytes(&body[body.len() - 2..]));
+        assert_eq!(digest_at(&f, 0, u64::MAX).unwrap(), digest_of(&body));
     }
 }

@@ -40,6 +40,8 @@ pub struct UploadStats {
     /// Objects sent (snapshots, index lines, build-id objects, ...).
     pub objects: u64,
     pub bytes: u64,
+    /// Bytes of kept JIT files (`.jit/`) among them.
+    pub jit_bytes: u64,
     /// Build-id objects the store already held, not sent.
     pub shared: u64,
     /// Tries that failed and were retried.
@@ -388,6 +390,7 @@ impl Sink for Counting<'_> {
                 return;
             }
             Sent::Snapshot => self.stats.snapshots += 1,
+            Sent::Jit => self.stats.jit_bytes += bytes,
             Sent::Other => {}
         }
         self.stats.objects += 1;

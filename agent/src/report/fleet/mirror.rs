@@ -5,6 +5,8 @@
 //! DIR/<host>/<run>/run.json, clock.json
 //! DIR/<host>/<run>/<REL>/snapshots.jsonl     the selected lines (select::compose)
 //! DIR/<host>/<run>/<REL>/perf.data.<time>    hard links to DIR/.store (copies across file systems)
+//! DIR/<host>/<run>/<REL>/.jit/kept.jsonl     the selected snapshots' lines (select::plan_jit)
+//! DIR/<host>/<run>/<REL>/.jit/<file>         a kept JIT copy, its chunks joined (one chunk: a hard link)
 //! DIR/<host>/<run>/.debug/<path>/<id>/elf    perf's build-id cache (capture/build_id_cache.rs)
 //! DIR/<host>/<run>/.debug/.build-id/<2 hex>/<rest> -> ../../<path>/<id>
 //! ```
@@ -14,7 +16,8 @@
 
 use std::{
     collections::HashSet,
-    fs, io,
+    fs,
+    io::{self, Write as _},
     os::unix::fs::MetadataExt as _,
     path::{Component, Path, PathBuf},
 };
@@ -25,7 +28,12 @@ use super::fetch::{STORE_DIR, local_failure};
 use crate::{
     capture::build_id_cache::{self, layout},
     error::Failure,
-    output::{index::INDEX_FILE, run_file::RUN_FILE, write},
+    output::{
+        index::{INDEX_FILE, create_exclusive},
+        jit_kept,
+        run_file::RUN_FILE,
+        write,
+    },
 };
 
 /// `objects/<id>.json`: a build-id object a run's snapshots map.
@@ -64,6 +72,18 @@ pub struct MirrorDir {
     pub lines: Vec<String>,
     /// (file name, cached copy) of each snapshot.
     pub snapshots: Vec<(String, PathBuf)>,
+    /// What the selected snapshots kept of `.jit/`, if any.
+    pub jit: Option<MirrorJit>,
+}
+
+/// A mirrored directory's `.jit/` (select::plan_jit).
+#[derive(Debug, Default)]
+pub struct MirrorJit {
+    /// Its `kept.jsonl` lines, without `\n`.
+    pub lines: Vec<String>,
+    /// Each kept copy's name, and the cached chunks that make it, in order
+    /// from offset 0.
+    pub files: Vec<(String, Vec<PathBuf>)>,
 }
 
 /// One run to mirror; every path is a cached copy in `DIR/.store`.
@@ -108,6 +128,13 @@ fn build_run(dir: &Path, r: &MirrorRun) -> io::Result<()> {
         let mut text = d.lines.join("\n");
         text.push('\n');
         write::replace(&at.join(INDEX_FILE), text.as_bytes())?;
+        match &d.jit {
+            Some(j) => place_jit(&at, j)?,
+            // An earlier report's, for other snapshots.
+            None => {
+                let _ = fs::remove_file(at.join(jit_kept::DIR).join(jit_kept::INDEX));
+            }
+        }
     }
     if r.objects.is_empty() {
         return Ok(());
@@ -135,6 +162,47 @@ fn place_object(root: &Path, o: &ObjectRef, src: &Path) -> io::Result<()> {
     }
     let _ = fs::remove_file(&link);
     std::os::unix::fs::symlink(&target, &link)
+}
+
+/// `at/.jit/`: each kept copy, and `kept.jsonl` last, so that no line
+/// names more bytes than its copy holds.
+fn place_jit(at: &Path, j: &MirrorJit) -> io::Result<()> {
+    let dir = write::ensure_dir(at, Path::new(jit_kept::DIR))?;
+    for (file, chunks) in &j.files {
+        if !jit_kept::valid_name(file) {
+            continue;
+        }
+        match &chunks[..] {
+            [one] => place(one, &dir.join(file))?,
+            _ => join(chunks, &dir.join(file))?,
+        }
+    }
+    let mut text = j.lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    write::replace(&dir.join(jit_kept::INDEX), text.as_bytes())
+}
+
+/// Writes the `parts` one after the other at `dst`, by rename.
+fn join(parts: &[PathBuf], dst: &Path) -> io::Result<()> {
+    let tmp = dst.with_file_name(format!(
+        ".{}.tmp.{}",
+        dst.file_name().expect("a name").to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = fs::remove_file(&tmp);
+    let result = create_exclusive(&tmp).and_then(|mut out| {
+        for p in parts {
+            io::copy(&mut fs::File::open(p)?, &mut out)?;
+        }
+        out.flush()?;
+        fs::rename(&tmp, dst)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// Puts the cached `src` at `dst`: a hard link (nothing is copied), or a
@@ -219,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tree_is_a_runs_out_with_perfs_build_id_cache_and_no_stale_index() {
+    fn the_tree_is_a_runs_out_with_perfs_build_id_cache_its_jit_files_and_no_stale_index() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let cache = dir.join(STORE_DIR).join("b");
@@ -251,6 +319,16 @@ mod tests {
                 rel: "api/4242".into(),
                 lines: vec!["{\"a\":1}".into(), "{\"b\":2}".into()],
                 snapshots: vec![("perf.data.1".into(), file("snap", "PERF"))],
+                jit: Some(MirrorJit {
+                    lines: vec![r#"{"snapshot":"perf.data.1","bytes":9}"#.into()],
+                    files: vec![
+                        (
+                            "perf-5.map".into(),
+                            vec![file("c1", "1 1 a\n"), file("c2", "2 2 b\n")],
+                        ),
+                        ("jit-5.dump".into(), vec![file("c3", "DUMP")]),
+                    ],
+                }),
             }],
         };
         for _ in 0..2 {
@@ -281,5 +359,16 @@ mod tests {
         assert!(debug.join("srv/go/go-x/elf").is_file());
         assert!(!dir.join("web-2/r0").join(INDEX_FILE).exists());
         assert!(cache.join("snap").is_file());
+        let jit = at.join(jit_kept::DIR);
+        assert_eq!(
+            fs::read_to_string(jit.join("perf-5.map")).unwrap(),
+            "1 1 a\n2 2 b\n"
+        );
+        let dump = fs::metadata(jit.join("jit-5.dump")).unwrap();
+        assert_eq!(dump.ino(), fs::metadata(cache.join("c3")).unwrap().ino());
+        assert_eq!(
+            fs::read_to_string(jit.join(jit_kept::INDEX)).unwrap(),
+            "{\"snapshot\":\"perf.data.1\",\"bytes\":9}\n"
+        );
     }
 }

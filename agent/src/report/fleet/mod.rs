@@ -5,7 +5,9 @@
 //! fetches each run's `clock.json` and `run.json` and the index lines of the
 //! directories `--trigger` selects, filters the lines ([`select`]), and then
 //! fetches only what the kept lines need: their snapshots, and the run's
-//! build-id objects (`objects/<id>.json`, `.debug/<id>/elf`). Every fetch
+//! build-id objects (`objects/<id>.json`, `.debug/<id>/elf`), and what the
+//! kept snapshots kept of `.jit/` (`jit/<snapshot>.jsonl` and the chunks
+//! of the kept copies they reach, [`select::plan_jit`]). Every fetch
 //! goes through the cache in `DIR/.store` ([`fetch`]). It then lays the
 //! runs out as `DIR/<host>/<run>/` ([`mirror`]) and writes today's report
 //! of DIR, whose page and `--json` name each hit's directory,
@@ -34,11 +36,14 @@ use crate::{
     error::{ExitCode, Failure},
     flags::defs::ReportArgs,
     output::run_file::{self, Trigger},
-    upload::{keys, store},
+    upload::{
+        keys::{self, RunKey},
+        store,
+    },
 };
 use fetch::{Fetcher, STORE_DIR, Stats};
-use mirror::{MirrorDir, MirrorRun, ObjectRef};
-use select::{Clock, Filters, Listing};
+use mirror::{MirrorDir, MirrorJit, MirrorRun, ObjectRef};
+use select::{Clock, Filters, ListedDir, Listing};
 
 /// Whether `out` names a store (`s3://…`) rather than a local directory.
 pub fn is_store(out: &Path) -> bool {
@@ -223,10 +228,12 @@ async fn gather(
                 .map(|file| (run.key.snapshot(rel, file), d.snapshots.get(file).copied()))
                 .collect();
             let cached = f.get_all(keys).await?;
+            let jit = jit(f, &run.key, rel, d, &c.snapshots).await?;
             dirs.push(MirrorDir {
                 rel: rel.clone(),
                 lines: c.lines,
                 snapshots: c.snapshots.into_iter().zip(cached).collect(),
+                jit,
             });
         }
         if dirs.is_empty() {
@@ -302,7 +309,42 @@ async fn objects(
     Ok(refs.into_iter().zip(f.get_all(keys).await?).collect())
 }
 
-/// The text of cached files (index lines).
+/// What `snapshots` of the directory `rel` kept of `.jit/`: their
+/// `jit/<snapshot>.jsonl`, then the chunks of each kept copy up to the
+/// longest length they name. None when none of them kept anything.
+async fn jit(
+    f: &Fetcher,
+    run: &RunKey,
+    rel: &str,
+    d: &ListedDir,
+    snapshots: &[String],
+) -> Result<Option<MirrorJit>, Failure> {
+    let keys: Vec<_> = snapshots
+        .iter()
+        .filter(|s| d.jit_lines.contains(*s))
+        .map(|s| (run.jit_lines(rel, s), None))
+        .collect();
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let texts = read_all(&f.get_all(keys).await?)?;
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let plan = select::plan_jit(&texts, &d.jit_chunks);
+    let mut files = Vec::new();
+    for (file, chunks) in plan.files {
+        let keys = chunks
+            .iter()
+            .map(|&(start, end)| (run.jit_chunk(rel, &file, start, end), Some(end - start)))
+            .collect();
+        files.push((file, f.get_all(keys).await?));
+    }
+    Ok(Some(MirrorJit {
+        lines: plan.lines,
+        files,
+    }))
+}
+
+/// The text of cached files (index lines, kept JIT lines).
 fn read_all(paths: &[PathBuf]) -> Result<Vec<String>, Failure> {
     paths
         .iter()

@@ -1,7 +1,7 @@
 //! What a fleet report selects, without any I/O: the store's listing read
 //! back into runs ([`catalog`]), the filters (`--trigger`, `--since`,
-//! `--until`, `--slower-than`) on a run's index lines, and the index a
-//! mirrored directory gets ([`compose`]).
+//! `--until`, `--slower-than`) on a run's index lines, the index a
+//! mirrored directory gets ([`compose`]), and its `.jit/` ([`plan_jit`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::output::{
     index::{Deleted, IndexLine, SnapshotLine},
+    jit_kept::KeptLine,
     run_file::Trigger,
 };
 use crate::upload::keys::{self, Key, RunKey};
@@ -40,6 +41,10 @@ pub struct ListedDir {
     pub lines: BTreeSet<u64>,
     /// Snapshot files in the store, with their size in bytes.
     pub snapshots: BTreeMap<String, u64>,
+    /// Snapshots whose lines of `.jit/kept.jsonl` are in the store.
+    pub jit_lines: BTreeSet<String>,
+    /// Chunks of each kept JIT copy in the store: start → end, bytes.
+    pub jit_chunks: BTreeMap<String, BTreeMap<u64, u64>>,
 }
 
 /// One run, `PREFIX/HOST/RUN/`, as listed.
@@ -88,6 +93,20 @@ pub fn catalog(prefix: &str, listed: impl IntoIterator<Item = (String, u64)>) ->
             }
             Key::ObjectRef { run, id } => {
                 entry(&mut l, &run).objects.insert(id);
+            }
+            Key::JitLines { run, rel, snapshot } => {
+                let d = entry(&mut l, &run).dirs.entry(rel).or_default();
+                d.jit_lines.insert(snapshot);
+            }
+            Key::JitChunk {
+                run,
+                rel,
+                file,
+                start,
+                end,
+            } => {
+                let d = entry(&mut l, &run).dirs.entry(rel).or_default();
+                d.jit_chunks.entry(file).or_default().insert(start, end);
             }
             Key::DebugObject { .. } => {}
         }
@@ -226,6 +245,57 @@ pub fn compose(
     c
 }
 
+/// A mirrored directory's `.jit/`: what its selected snapshots kept.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct JitPlan {
+    /// Lines of its `.jit/kept.jsonl`, without `\n`, in the order given:
+    /// those whose length the store's chunks reach.
+    pub lines: Vec<String>,
+    /// Per kept copy, the chunks (start, end) to fetch and join, from
+    /// offset 0 on without a gap.
+    pub files: BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+/// Plans a mirrored directory's `.jit/` from the selected snapshots'
+/// `jit/<snapshot>.jsonl` (`texts`, in line order) and the directory's
+/// listed chunks: each copy is joined from 0 up to the largest length a
+/// line names, and a line the chunks do not reach (one missing from the
+/// store) is left out, so that every length in the mirror's `kept.jsonl`
+/// is there to read.
+pub fn plan_jit(texts: &[&str], chunks: &BTreeMap<String, BTreeMap<u64, u64>>) -> JitPlan {
+    let lines: Vec<(&str, KeptLine)> = texts
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|raw| Some((raw, KeptLine::parse(raw)?)))
+        .collect();
+    let mut need: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, l) in &lines {
+        let n = need.entry(l.file.clone()).or_default();
+        *n = (*n).max(l.bytes);
+    }
+    let mut plan = JitPlan::default();
+    let mut covered: BTreeMap<String, u64> = BTreeMap::new();
+    for (file, need) in need {
+        let (mut at, mut got) = (0, Vec::new());
+        while at < need
+            && let Some(&end) = chunks.get(&file).and_then(|c| c.get(&at))
+        {
+            got.push((at, end));
+            at = end;
+        }
+        if !got.is_empty() {
+            plan.files.insert(file.clone(), got);
+        }
+        covered.insert(file, at);
+    }
+    plan.lines = lines
+        .into_iter()
+        .filter(|(_, l)| l.bytes <= covered[&l.file])
+        .map(|(raw, _)| raw.to_string())
+        .collect();
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +350,9 @@ mod tests {
             (r.snapshot("api/4242", "perf.data.1"), 5000),
             (r.object_ref("47e8"), 40),
             (keys::debug_object(P, "47e8"), 1 << 20),
+            (r.jit_lines("api/4242", "perf.data.1"), 150),
+            (r.jit_chunk("api/4242", "perf-5.map", 0, 100), 100),
+            (r.jit_chunk("api/4242", "perf-5.map", 100, 130), 30),
             ("moments/prod/notes.txt".to_string(), 1),
             ("moments/prod/web-2/r/clock.json".to_string(), 60),
         ];
@@ -291,6 +364,12 @@ mod tests {
         let d = &run.dirs["api/4242"];
         assert_eq!(d.lines.iter().copied().collect::<Vec<_>>(), [1, 2]);
         assert_eq!(d.snapshots["perf.data.1"], 5000);
+        assert_eq!(d.snapshots.len(), 1);
+        assert!(d.jit_lines.contains("perf.data.1"));
+        assert_eq!(
+            d.jit_chunks["perf-5.map"].iter().collect::<Vec<_>>(),
+            [(&0, &100), (&100, &130)]
+        );
         assert!(run.objects.contains("47e8"));
         assert!(l.runs[&("web-2".into(), "r".into())].dirs.is_empty());
     }
@@ -396,5 +475,44 @@ mod tests {
         let some = compose(&stored, |l| slow.keeps(l, None), in_store);
         assert_eq!(some.lines, [b, c, del3]);
         assert_eq!(some.snapshots, ["perf.data.2"]);
+    }
+
+    fn kept(snapshot: &str, file: &str, bytes: u64) -> String {
+        format!(
+            r#"{{"snapshot":"{snapshot}","pid":5,"kind":"perf_map","file":"{file}","bytes":{bytes},"origin":"/tmp/perf-1.map"}}"#
+        )
+    }
+
+    #[test]
+    fn a_mirrored_jit_copy_is_joined_up_to_the_longest_selected_length() {
+        let chunks: BTreeMap<String, BTreeMap<u64, u64>> = [
+            (
+                "perf-5.map".to_string(),
+                [(0, 100), (100, 130), (130, 170), (200, 220)].into(),
+            ),
+            ("jit-5.dump".to_string(), [(40, 90)].into()),
+        ]
+        .into();
+        let (a, b) = (
+            kept("perf.data.1", "perf-5.map", 100),
+            kept("perf.data.3", "perf-5.map", 130),
+        );
+        // Snapshots 1 and 3 selected: 170 and beyond are not fetched.
+        let two = format!("{a}\n");
+        let three = format!("{b}\nnot json\n");
+        let p = plan_jit(&[&two, &three], &chunks);
+        assert_eq!(p.lines, [a.clone(), b.clone()]);
+        assert_eq!(p.files["perf-5.map"], [(0, 100), (100, 130)]);
+        assert_eq!(p.files.len(), 1);
+        // A chunk missing from the store (150..200 never arrived): the
+        // lengths beyond it are left out, the ones before it kept.
+        let c = kept("perf.data.5", "perf-5.map", 220);
+        let d = kept("perf.data.5", "jit-5.dump", 90);
+        let five = format!("{c}\n{d}\n");
+        let p = plan_jit(&[&two, &five], &chunks);
+        assert_eq!(p.lines, [a]);
+        assert_eq!(p.files["perf-5.map"], [(0, 100), (100, 130), (130, 170)]);
+        assert!(!p.files.contains_key("jit-5.dump"));
+        assert_eq!(plan_jit(&[], &chunks), JitPlan::default());
     }
 }
