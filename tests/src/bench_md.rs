@@ -517,44 +517,55 @@ fn stacks(run: &Value) -> String {
 
 /// The stack-need table (tests/src/bin/bench/stack_need.rs).
 fn stack_need(v: &Value) -> String {
-    let sizes = [1024, 2048, 4096, 8192, 16384];
+    let sizes = [1024, 2048, 4096, 8192];
     let mut s = String::from(
-        "**How much stack a DWARF sample needs: samples unwound whole (as with a 32 KiB copy) \
-         at each copy size**\n\n",
+        "**How much stack a DWARF sample needs: samples unwound whole (their stack with a 32 KiB \
+         copy) at each copy size, as perf unwinds them and once the report grafts cut stacks \
+         (docs/unwinding.md)**\n\n",
     );
-    s.push_str("| target | samples | reach the thread's start | ");
+    s.push_str("| target | samples | reach the thread's start |");
     for n in sizes {
-        let _ = write!(s, "whole at {n} | ");
+        let _ = write!(s, " whole at {n} |");
     }
-    s.push_str(
-        "smallest size ≥ 99% whole | a ring reaches back (× `dwarf,8192`, derived: bytes per sample) |\n",
-    );
-    s.push_str(&"|---".repeat(sizes.len() + 5));
+    s.push_str(" size for ≥ 99% | ");
+    for n in sizes {
+        let _ = write!(s, "grafted at {n} | ");
+    }
+    s.push_str("size for ≥ 99%, grafted | a ring reaches back, × `dwarf,8192` (derived) |\n");
+    let columns = 2 * sizes.len() + 5;
+    s.push_str(&"|---".repeat(columns));
     s.push_str("|\n");
+    let at = |row: &Value, list: &str, n: u64, key: &str| {
+        rows(&row[list])
+            .into_iter()
+            .find(|w| w["bytes"].as_u64() == Some(n))
+            .map_or("-".into(), |w| format!("{}%", cell(&w[key], 1)))
+    };
     for row in rows(&v["rows"]) {
-        if let Some(line) = failed_row(&row, &label(&row, "target"), sizes.len() + 5) {
+        if let Some(line) = failed_row(&row, &label(&row, "target"), columns) {
             let _ = writeln!(s, "{line}");
             continue;
         }
         let _ = write!(
             s,
-            "| {} | {} | {}% | ",
+            "| {} | {} | {}% |",
             label(&row, "target"),
             plain(&row["samples"]),
             cell(&row["reach_start_percent"], 1)
         );
         for n in sizes {
-            let at = rows(&row["whole_at"])
-                .into_iter()
-                .find(|w| w["bytes"].as_u64() == Some(n))
-                .map_or("-".into(), |w| cell(&w["whole_percent"], 1));
-            let _ = write!(s, "{at}% | ");
+            let _ = write!(s, " {} |", at(&row, "whole_at", n, "whole_percent"));
+        }
+        let _ = write!(s, " {} |", plain(&row["bytes_for_99_percent"]));
+        for n in sizes {
+            let _ = write!(s, " {} |", at(&row, "grafted", n, "own_percent"));
         }
         let _ = writeln!(
             s,
-            "{} | {} |",
-            plain(&row["bytes_for_99_percent"]),
-            cell(&row["reach_vs_8192"], 2)
+            " {} | {} → {} |",
+            plain(&row["bytes_for_99_percent_grafted"]),
+            cell(&row["reach_vs_8192"], 2),
+            cell(&row["reach_vs_8192_grafted"], 2)
         );
     }
     s

@@ -246,11 +246,20 @@ fn measure_file(name: &str, file: &Path) -> Value {
             .map(|(n, g)| json!({"bytes": n, "own_percent": g.0, "with_references_percent": g.1}))
             .collect::<Vec<_>>()
     );
-    if let Some(chosen) = v["bytes_for_99_percent"].as_f64() {
-        // How much further a ring of the same size reaches back with the
-        // chosen copy than with perf's default 8192: bytes per sample.
-        v["reach_vs_8192"] = json!((8192.0 + other) / (chosen + other));
-    }
+    // The smallest size whole for ≥ 99% once the report grafts (from the
+    // thread's own complete samples: what report/graft.rs does).
+    let grafted_99 = SIZES
+        .iter()
+        .zip(&grafted)
+        .rev()
+        .find(|(_, g)| g.0 >= 99.0)
+        .map(|(n, _)| *n);
+    v["bytes_for_99_percent_grafted"] = json!(grafted_99);
+    // How much further a ring of the same size reaches back with a copy
+    // than with perf's default 8192: bytes per sample.
+    let reach = |chosen: Option<f64>| chosen.map(|c| (8192.0 + other) / (c + other));
+    v["reach_vs_8192"] = json!(reach(v["bytes_for_99_percent"].as_f64()));
+    v["reach_vs_8192_grafted"] = json!(reach(grafted_99.map(|n| n as f64)));
     v
 }
 
