@@ -104,13 +104,21 @@ impl Samples {
             .map(|&i| self.objects[i as usize].as_str())
     }
 
-    /// Completes the cut stacks of a DWARF recording (report/graft.rs):
-    /// each sample's, CPU and `sched_switch` alike, from the distinct
-    /// complete stacks of its thread in this file. Frame-pointer stacks
-    /// are not cut by a copy's size, so only DWARF runs (perf's command
-    /// line) are touched.
+    /// Completes the stacks cut where their DWARF copy ended
+    /// (report/graft.rs) from the distinct complete stacks of their thread
+    /// in this file, CPU and `sched_switch` ones alike. Which samples have
+    /// DWARF copies comes from perf's command line: the CPU samples with
+    /// `--call-graph dwarf`, the `sched_switch` ones then and when their
+    /// event has its own (`sched:sched_switch/call-graph=dwarf,...`, the
+    /// off-CPU breakdown of a frame-pointer run). A frame-pointer stack is
+    /// not cut by a copy's size, and is left as it is.
     pub fn graft_cut_stacks(&mut self) {
-        if !self.cmdline.as_deref().is_some_and(|c| c.contains("dwarf")) {
+        let cmdline = self.cmdline.as_deref().unwrap_or("");
+        let cpu_dwarf = ["--call-graph dwarf", "--call-graph=dwarf"]
+            .iter()
+            .any(|o| cmdline.contains(o));
+        let switch_dwarf = cpu_dwarf || cmdline.contains("sched_switch/call-graph=dwarf");
+        if !switch_dwarf {
             return;
         }
         let start: Vec<bool> = self.names.iter().map(|n| graft::is_start(n)).collect();
@@ -137,7 +145,12 @@ impl Samples {
             }
         }
         let mut grown = Vec::new();
-        for (k, s) in all().enumerate().filter(|(_, s)| !is_complete(s)) {
+        let cpu = self.samples.len();
+        let copied = |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf };
+        for (k, s) in all()
+            .enumerate()
+            .filter(|(k, s)| copied(*k) && !is_complete(s))
+        {
             let Some(refs) = complete.get(&s.tid) else {
                 continue;
             };
@@ -152,7 +165,6 @@ impl Samples {
             }
         }
         self.grafted = grown.len();
-        let cpu = self.samples.len();
         for (k, stack) in grown {
             let at = self.frames.len() as u32;
             for (f, o) in &stack {
@@ -621,6 +633,17 @@ mod tests {
             (s.grafted, names(&s, &s.samples[1]).as_str()),
             (0, "other;serve;loop;[unknown]")
         );
+        // With the off-CPU breakdown's DWARF copies, only its samples are.
+        let breakdown = CUT_RUN.replace(
+            "--call-graph dwarf,1536",
+            "--call-graph fp -e sched:sched_switch/call-graph=dwarf,stack-size=1024/",
+        );
+        let mut s = parse(breakdown.as_bytes()).unwrap();
+        s.graft_cut_stacks();
+        assert_eq!(s.grafted, 1);
+        assert_eq!(names(&s, &s.samples[1]), "other;serve;loop;[unknown]");
+        let blocked = &s.sched_switch_samples[0].sample;
+        assert_eq!(names(&s, blocked), "schedule;read;serve;loop;main;_start");
     }
 
     #[test]
