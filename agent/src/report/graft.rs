@@ -12,24 +12,33 @@
 //!
 //! So a cut stack is completed with the outer frames of a complete stack
 //! of the same thread (one that ends in a thread-start frame) that passes
-//! through the cut stack's outermost frames: the same idea as samply's and
-//! the Firefox profiler's "merge" of truncated stacks, kept to one thread.
-//! Which frames were added is known to the caller (the stack grew); the
-//! report counts them.
+//! through the cut stack's outermost frames. Only the same thread's stacks
+//! are used: another thread's outer frames are another start. The report
+//! counts the stacks it completed (`Samples::grafted`, shown on the page
+//! and as `file_grafted_stacks` in `--json`).
 
-/// The frames a thread's stack starts with, outermost: glibc's and musl's
-/// process and thread entry points and Go's goroutine start.
+/// Outermost frames of a complete stack: a thread's or a process's start
+/// (C, C++, Rust and Go). A stack that ends elsewhere was cut short (no
+/// frame pointers, or deeper than perf's limit).
 pub const START_FRAMES: &[&str] = &[
     "_start",
     "__libc_start_main",
     "__libc_start_call_main",
+    "main",
     "start_thread",
     "clone",
     "clone3",
     "__clone",
+    "__clone3",
     "thread_start",
     "runtime.goexit",
     "runtime.goexit.abi0",
+    "runtime.main",
+    "runtime.mstart",
+    "runtime.rt0_go",
+    "std::rt::lang_start",
+    "ret_from_fork",
+    "ret_from_fork_asm",
 ];
 
 /// Whether `name` is a frame a thread's stack starts with (`START_FRAMES`,
@@ -154,6 +163,6 @@ mod tests {
     fn start_frames_with_and_without_versions() {
         assert!(is_start("__libc_start_main@@GLIBC_2.34"));
         assert!(is_start("clone3") && is_start("runtime.goexit.abi0"));
-        assert!(!is_start("main") && !is_start("_start_worker"));
+        assert!(is_start("main") && !is_start("_start_worker") && !is_start("malloc"));
     }
 }

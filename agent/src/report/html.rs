@@ -120,6 +120,15 @@ fn warnings(h: &mut String, p: &Page) {
             esc(&g.kept.display().to_string())
         );
     }
+    if p.grafted > 0 {
+        let _ = write!(
+            h,
+            "<p>{} stacks cut where their DWARF copy of the stack ended were completed with the \
+             outer frames of a complete stack of the same thread (docs/unwinding.md, \
+             \"How much stack a sample needs\").</p>",
+            p.grafted
+        );
+    }
     let (cut, all) = p.truncated;
     if all > 0 && cut * 2 > all {
         let used = p

@@ -72,6 +72,9 @@ pub struct Page {
     pub window_ns: u64,
     /// Stacks (over every file) that do not reach a thread's start, and all.
     pub truncated: (u64, u64),
+    /// Cut DWARF stacks completed from their thread's complete ones, over
+    /// every file (report/graft.rs).
+    pub grafted: u64,
     /// First sample time of each index directory, CLOCK_MONOTONIC ns.
     starts: HashMap<PathBuf, u64>,
     /// Go binaries whose path holds another build than the run's
@@ -193,6 +196,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64, pprof: bool) -> Result<Page, F
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let files = model::build(&runs, perf, window_ns, jobs, pprof);
     let mut truncated = (0, 0);
+    let grafted = files.iter().map(|f| f.grafted).sum();
     let mut starts: HashMap<PathBuf, u64> = HashMap::new();
     for f in &files {
         let (c, t) = moments::truncated(&f.all);
@@ -215,6 +219,7 @@ fn build(out: &Path, perf: &Path, window_ns: u64, pprof: bool) -> Result<Page, F
         files,
         window_ns,
         truncated,
+        grafted,
         starts,
         go_replaced,
         pprof,
@@ -372,6 +377,7 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "wall_clock": runinfo::wall_clock(f, x),
         "seconds_into_run": p.seconds_into_run(f, x),
         "file_samples": read.then_some(f.samples),
+        "file_grafted_stacks": read.then_some(f.grafted),
         "moment": {
             "start_ns": h.span.start_ns, "end_ns": h.span.end_ns, "tid": h.span.tid,
             "call": h.span.call,

@@ -104,6 +104,8 @@ pub struct FileReport {
     pub threads: Vec<ThreadParts>,
     /// `--pprof`: the file's profiles, when it was read.
     pub pprof: Option<Profiles>,
+    /// Cut DWARF stacks the report completed (report/graft.rs).
+    pub grafted: u64,
 }
 
 /// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
@@ -168,6 +170,7 @@ fn one_file(
         cmdline: None,
         pprof: None,
         threads: Vec::new(),
+        grafted: 0,
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -266,6 +269,7 @@ fn pprof_of(run: &RunDir, rep: &FileReport, s: &Samples) -> Profiles {
 fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
     rep.cmdline = s.cmdline.clone();
     rep.samples = s.samples.len() as u64;
+    rep.grafted = s.grafted as u64;
     let lo = s.samples.iter().map(|x| x.time_ns).min();
     let hi = s.samples.iter().map(|x| x.time_ns).max();
     rep.span_ns = lo.zip(hi);

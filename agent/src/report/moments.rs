@@ -5,32 +5,11 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::samples::{Sample, Samples};
+use super::{
+    graft,
+    samples::{Sample, Samples},
+};
 use crate::output::index::IndexedHit;
-
-/// Outermost frames of a complete stack: a thread's or a process's start
-/// (C, C++, Rust and Go). A stack that ends elsewhere was cut short (no
-/// frame pointers, or deeper than perf's limit).
-const THREAD_STARTS: &[&str] = &[
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-    "main",
-    "start_thread",
-    "clone",
-    "clone3",
-    "__clone",
-    "__clone3",
-    "thread_start",
-    "runtime.goexit",
-    "runtime.goexit.abi0",
-    "runtime.main",
-    "runtime.mstart",
-    "runtime.rt0_go",
-    "std::rt::lang_start",
-    "ret_from_fork",
-    "ret_from_fork_asm",
-];
 
 /// The time span of a hit's moment on its thread.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -303,8 +282,9 @@ pub fn differential(moment: &Folded, rest: &Folded) -> Vec<String> {
     lines
 }
 
-/// Stacks that do not reach a thread's start (no frame of
-/// [`THREAD_STARTS`]: the unwinding stopped early), and all stacks. A frame
+/// Stacks that do not reach a thread's start (no frame that
+/// `graft::is_start` names, nor Rust's `std::rt::lang_start`: the unwinding
+/// stopped early), and all stacks. A frame
 /// past the start (libc's caller of `main`, often nameless) does not count
 /// against a stack.
 pub fn truncated(f: &Folded) -> (u64, u64) {
@@ -312,7 +292,7 @@ pub fn truncated(f: &Folded) -> (u64, u64) {
     for (line, c) in f {
         let reaches = line
             .split(';')
-            .any(|fr| THREAD_STARTS.contains(&fr) || fr.starts_with("std::rt::lang_start"));
+            .any(|fr| graft::is_start(fr) || fr.starts_with("std::rt::lang_start"));
         if !reaches {
             cut += c;
         }
