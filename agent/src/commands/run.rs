@@ -274,7 +274,7 @@ struct Shown<'a> {
 
 /// The recording mode once the unwinding is known: a flight-recorder ring
 /// left at its default grows to [`DWARF_FLIGHT_RING`] for DWARF stacks,
-/// whose samples are ~8 KiB instead of ~100 bytes (docs/flight-recorder.md).
+/// whose samples are ~4-8 KiB instead of ~100 bytes (docs/flight-recorder.md).
 fn recording_for(settings: &RunSettings, unwinding: &unwind::Unwinding) -> Recording {
     match settings.recording {
         crate::perf::record::Recording::FlightRecorder { .. }
@@ -289,7 +289,8 @@ fn recording_for(settings: &RunSettings, unwinding: &unwind::Unwinding) -> Recor
 }
 
 /// The flight-recorder ring for DWARF stacks unless told otherwise, bytes:
-/// ~8.4 KiB a sample at `dwarf,8192`, so ~2 s of one busy CPU at 999 Hz.
+/// ~4.4 KiB a sample at `dwarf,4096` (the `auto` choice), so ~3.8 s of one
+/// busy CPU at 999 Hz (~2 s at `dwarf,8192`).
 const DWARF_FLIGHT_RING: u64 = 16 << 20;
 
 /// The kernel is recent enough, and we may trace each trigger's target.

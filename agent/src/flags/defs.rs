@@ -162,7 +162,7 @@ pub struct RunArgs {
 
     /// How perf unwinds stacks: `fp` (frame pointers), `dwarf[,SIZE]` (a
     /// copy of SIZE bytes of stack per sample, default 8192), or `auto`:
-    /// DWARF when the traced code has no frame pointers. A call-graph option
+    /// `dwarf,4096` when the traced code has no frame pointers, else `fp`. A call-graph option
     /// after `--` decides instead of `auto`. [default: auto]
     #[arg(long, value_name = "MODE", value_parser = parse_request)]
     pub call_graph: Option<CallGraph>,

@@ -23,7 +23,7 @@ use serde::Serialize;
 /// The unwinding a run uses, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Unwinding {
-    /// perf's `--call-graph` value: `fp` or `dwarf,8192`; `pass-through`
+    /// perf's `--call-graph` value: `fp` or `dwarf,4096`; `pass-through`
     /// when perf arguments after `--` decide.
     pub mode: String,
     /// One phrase: what was found, or that the user chose.
@@ -86,7 +86,7 @@ pub fn decide(
         }
     } else {
         Unwinding {
-            mode: format!("dwarf,{}", crate::flags::parse::DEFAULT_DWARF_BYTES),
+            mode: format!("dwarf,{}", crate::flags::parse::AUTO_DWARF_BYTES),
             reason: format!("no frame pointers: {}", without.join("; ")),
         }
     })

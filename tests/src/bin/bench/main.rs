@@ -1579,7 +1579,7 @@ fn stacks_run(plan: &Plan, mode: &str) -> Value {
 
 fn stacks(plan: &Plan) -> Value {
     Value::Array(
-        ["fp", "dwarf,8192", "dwarf,16384"]
+        ["fp", "dwarf,4096", "dwarf,8192", "dwarf,16384"]
             .iter()
             .map(|m| stacks_run(plan, m))
             .collect(),
