@@ -101,9 +101,13 @@ fn a_deploy_does_not_rename_the_captured_functions() {
     // inode, as `cp` does: a hard link to it would change too).
     fs::copy(target_path("unwind_new"), &app).unwrap();
     // Without the kept objects, perf finds a file with another build-id at
-    // the path: the captured functions are gone.
+    // the path: the captured functions are gone. An empty build-id
+    // directory stands for perf's own (~/.debug), where any perf record of
+    // the same build on this host (without --no-buildid-cache) would have
+    // put a copy.
+    let no_cache = tempfile::tempdir().unwrap();
     for (file, _, _) in &files {
-        let plain = perf_script(file);
+        let plain = perf_script_cached(file, no_cache.path());
         // The samples are there; only their names are lost.
         assert!(
             !parse_samples(&plain).is_empty(),

@@ -139,9 +139,11 @@ pub fn measure(name: &str, pids: &[u32], seconds: u64, dir: &Path) -> Value {
     let file = dir.join("full.data");
     let list: Vec<String> = pids.iter().map(u32::to_string).collect();
     let ok = Command::new(perf_bin().expect("perf"))
+        // --no-buildid-cache: nothing goes into ~/.debug.
         .args([
             "record",
             "-q",
+            "--no-buildid-cache",
             "-F",
             "999",
             "-e",
