@@ -17,6 +17,8 @@
 //! counts the stacks it completed (`Samples::grafted`, shown on the page
 //! and as `file_grafted_stacks` in `--json`).
 
+use std::{collections::HashMap, hash::Hash};
+
 /// Outermost frames of a complete stack: a thread's or a process's start
 /// (C, C++, Rust and Go). A stack that ends elsewhere was cut short (no
 /// frame pointers, or deeper than perf's limit).
@@ -54,42 +56,70 @@ pub fn is_start(name: &str) -> bool {
 const ANCHOR: usize = 3;
 const MIN_ANCHOR: usize = 2;
 
-/// `cut` (leaf first) completed from the first of `complete` (leaf first,
-/// each ending in a start frame) that holds the cut stack's outermost
-/// named frames (`unknown` ones dropped from its end) in a row, the most
-/// of them first ([`ANCHOR`] down to [`MIN_ANCHOR`]): the cut stack's named
-/// frames, then that stack's frames beyond them. Where they occur more than
-/// once (recursion), the outermost place is taken, so no frame is added
-/// twice. `None`: nothing to add (the stack is not cut, or no complete
-/// stack passes through it).
-pub fn graft<'a, T: PartialEq + Clone + 'a>(
-    cut: &[T],
-    complete: impl IntoIterator<Item = &'a [T]> + Clone,
-    is_start: impl Fn(&T) -> bool,
-    is_unknown: impl Fn(&T) -> bool,
-) -> Option<Vec<T>> {
-    if cut.last().is_none_or(&is_start) {
-        return None;
+/// One thread's complete stacks (leaf first, each ending in a start
+/// frame), in order of preference, indexed by each pair of neighbouring
+/// frames: a report's file has thousands of samples, and each cut one
+/// looks its anchor up instead of scanning every stack.
+pub struct Complete<'a, T> {
+    stacks: Vec<&'a [T]>,
+    /// (frame, its outer neighbour) → (stack, position of the frame).
+    pairs: HashMap<(&'a T, &'a T), Vec<(usize, usize)>>,
+}
+
+impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
+    pub fn new(stacks: impl IntoIterator<Item = &'a [T]>) -> Self {
+        let stacks: Vec<&'a [T]> = stacks.into_iter().collect();
+        let mut pairs: HashMap<(&'a T, &'a T), Vec<(usize, usize)>> = HashMap::new();
+        for (n, s) in stacks.iter().enumerate() {
+            for (at, w) in s.windows(2).enumerate() {
+                pairs.entry((&w[0], &w[1])).or_default().push((n, at));
+            }
+        }
+        Complete { stacks, pairs }
     }
-    let named = cut.len() - cut.iter().rev().take_while(|f| is_unknown(f)).count();
-    if named == 0 {
-        return None;
-    }
-    for k in (MIN_ANCHOR..=named.min(ANCHOR)).rev() {
-        let anchor = &cut[named - k..named];
-        for full in complete.clone() {
-            let Some(at) = full.windows(k).rposition(|w| w == anchor) else {
+
+    /// `cut` (leaf first) completed from the first stack that holds the cut
+    /// stack's outermost named frames (`unknown` ones dropped from its end)
+    /// in a row, the most of them first ([`ANCHOR`] down to
+    /// [`MIN_ANCHOR`]): the cut stack's named frames, then that stack's
+    /// frames beyond them. Where they occur more than once in it
+    /// (recursion), the outermost place is taken, so no frame is added
+    /// twice. `None`: nothing to add (the stack is not cut, or no complete
+    /// stack passes through it).
+    pub fn graft(
+        &self,
+        cut: &[T],
+        is_start: impl Fn(&T) -> bool,
+        is_unknown: impl Fn(&T) -> bool,
+    ) -> Option<Vec<T>> {
+        if cut.last().is_none_or(&is_start) {
+            return None;
+        }
+        let named = cut.len() - cut.iter().rev().take_while(|f| is_unknown(f)).count();
+        for k in (MIN_ANCHOR..=named.min(ANCHOR)).rev() {
+            let anchor = &cut[named - k..named];
+            let Some(places) = self.pairs.get(&(&anchor[0], &anchor[1])) else {
                 continue;
             };
-            let rest = &full[at + k..];
-            if !rest.is_empty() {
+            // The first stack with the anchor, at its outermost place.
+            let mut best: Option<(usize, usize)> = None;
+            for &(n, at) in places {
+                let full = self.stacks[n];
+                if full.get(at..at + k) != Some(anchor) || full.len() == at + k {
+                    continue;
+                }
+                if best.is_none_or(|(bn, bat)| n < bn || (n == bn && at > bat)) {
+                    best = Some((n, at));
+                }
+            }
+            if let Some((n, at)) = best {
                 let mut out = cut[..named].to_vec();
-                out.extend_from_slice(rest);
+                out.extend_from_slice(&self.stacks[n][at + k..]);
                 return Some(out);
             }
         }
+        None
     }
-    None
 }
 
 #[cfg(test)]
@@ -102,13 +132,9 @@ mod tests {
 
     fn g(cut: &str, complete: &[&str]) -> Option<String> {
         let complete: Vec<Vec<&str>> = complete.iter().map(|c| v(c)).collect();
-        graft(
-            &v(cut),
-            complete.iter().map(Vec::as_slice),
-            |f| is_start(f),
-            |f| *f == "[unknown]",
-        )
-        .map(|s| s.join(";"))
+        Complete::new(complete.iter().map(Vec::as_slice))
+            .graft(&v(cut), |f| is_start(f), |f| *f == "[unknown]")
+            .map(|s| s.join(";"))
     }
 
     #[test]

@@ -144,6 +144,10 @@ impl Samples {
                 complete.entry(s.tid).or_default().push(range(s));
             }
         }
+        let complete: HashMap<u32, graft::Complete<(u32, u32)>> = complete
+            .into_iter()
+            .map(|(tid, r)| (tid, graft::Complete::new(r.into_iter().map(|r| &pairs[r]))))
+            .collect();
         let mut grown = Vec::new();
         let cpu = self.samples.len();
         let copied = |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf };
@@ -154,9 +158,8 @@ impl Samples {
             let Some(refs) = complete.get(&s.tid) else {
                 continue;
             };
-            let stack = graft::graft(
+            let stack = refs.graft(
                 &pairs[range(s)],
-                refs.iter().map(|r| &pairs[r.clone()]),
                 |&(f, _)| start[f as usize],
                 |&(f, _)| Some(f) == unknown,
             );

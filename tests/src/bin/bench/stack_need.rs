@@ -279,7 +279,7 @@ type Stacks<'a> = Vec<&'a [String]>;
 fn grafted_whole(full: &[Sample], cut: &[Sample]) -> (f64, f64) {
     use std::collections::{HashMap, HashSet};
 
-    use mt_agent::report::graft::{graft, is_start};
+    use mt_agent::report::graft::{Complete, is_start};
     // Each thread's distinct complete stacks: (not references, references).
     let mut complete: HashMap<i32, (Stacks, Stacks)> = HashMap::new();
     let mut seen = HashSet::new();
@@ -298,21 +298,30 @@ fn grafted_whole(full: &[Sample], cut: &[Sample]) -> (f64, f64) {
         }
     }
     let unknown = |f: &String| f == "[unknown]";
+    // Per thread: (its own complete stacks, those and the references).
+    let indexed: HashMap<i32, (Complete<String>, Complete<String>)> = complete
+        .iter()
+        .map(|(tid, (mine, refs))| {
+            let all = mine.iter().chain(refs).copied();
+            (
+                *tid,
+                (Complete::new(mine.iter().copied()), Complete::new(all)),
+            )
+        })
+        .collect();
     let (mut own, mut with_refs, mut n) = (0usize, 0usize, 0usize);
-    let none = (Vec::new(), Vec::new());
     for (i, (s, f)) in cut.iter().zip(full).enumerate() {
         if i.is_multiple_of(REFERENCE_EVERY) {
             continue;
         }
         n += 1;
-        let (mine, refs) = complete.get(&s.tid).unwrap_or(&none);
-        let whole = |with: &[&[String]]| {
-            let all = mine.iter().chain(with).copied();
-            let g = graft(&s.frames, all, |f| is_start(f), unknown);
+        let whole = |with: Option<&Complete<String>>| {
+            let g = with.and_then(|c| c.graft(&s.frames, |f| is_start(f), unknown));
             g.as_ref().unwrap_or(&s.frames) == &f.frames
         };
-        own += usize::from(whole(&[]));
-        with_refs += usize::from(whole(refs));
+        let sets = indexed.get(&s.tid);
+        own += usize::from(whole(sets.map(|c| &c.0)));
+        with_refs += usize::from(whole(sets.map(|c| &c.1)));
     }
     let pct = |k: usize| 100.0 * k as f64 / n.max(1) as f64;
     (pct(own), pct(with_refs))
