@@ -9,7 +9,8 @@ pub const DEFAULT_DWARF_BYTES: u32 = 8192;
 /// (docs/unwinding.md, "How much stack a sample needs"): with the report's
 /// graft of cut stacks it keeps as many samples whole as 8192 did without
 /// it on every program measured (nginx and the test targets 100%,
-/// PostgreSQL 97.1-97.2% against 97.0-97.3%), at half the bytes per sample.
+/// PostgreSQL 96.8-97.2% against 96.9-97.3% over three runs), at half the
+/// bytes per sample.
 pub const AUTO_DWARF_BYTES: u32 = 4096;
 
 /// What `--call-graph` asks for.
