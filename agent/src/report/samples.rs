@@ -168,7 +168,14 @@ impl Samples {
             }
         }
         self.grafted = grown.len();
-        for (k, stack) in grown {
+        self.replace_stacks(grown);
+    }
+
+    /// Gives sample `k` (CPU samples first, then `sched_switch` ones) the
+    /// call chain `stack` of (frame, object) ids, appended to the frames.
+    fn replace_stacks(&mut self, stacks: Vec<(usize, Vec<(u32, u32)>)>) {
+        let cpu = self.samples.len();
+        for (k, stack) in stacks {
             let at = self.frames.len() as u32;
             for (f, o) in &stack {
                 self.frames.push(*f);
