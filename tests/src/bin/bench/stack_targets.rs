@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mt_agent_tests::{Proc, rust_bin, target_path};
+use mt_agent_tests::{Proc, Target, rust_bin, target_path};
 
 /// A measured program: what keeps it running and loaded, and the pids to
 /// record.
@@ -27,6 +27,18 @@ pub struct Loaded {
     _procs: Vec<Proc>,
     stop: Arc<AtomicBool>,
     load: Vec<thread::JoinHandle<()>>,
+}
+
+impl Loaded {
+    /// Programs that need no load of ours.
+    fn idle(pids: Vec<u32>, procs: Vec<Proc>) -> Loaded {
+        Loaded {
+            pids,
+            _procs: procs,
+            stop: Arc::new(AtomicBool::new(false)),
+            load: Vec::new(),
+        }
+    }
 }
 
 impl Drop for Loaded {
@@ -163,29 +175,15 @@ pub fn postgres(dir: &Path, seconds: u64) -> Loaded {
     let postmaster = *root.first().expect("postgres under runuser");
     wait_for("pgbench's backends", || children(postmaster).len() >= 7);
     thread::sleep(Duration::from_secs(1));
-    Loaded {
-        pids: children(postmaster),
-        _procs: vec![run, server],
-        stop: Arc::new(AtomicBool::new(false)),
-        load: Vec::new(),
-    }
+    Loaded::idle(children(postmaster), vec![run, server])
 }
 
 /// A program of this repository started with `args`, which runs on its
 /// own once it gets its go line. Records it (every thread: `-p`).
 pub fn own(path: &Path, args: &[&str]) -> Loaded {
-    let mut cmd = Command::new(path);
-    cmd.args(args);
-    let mut p = Proc::spawn(cmd);
-    p.wait_line(Duration::from_secs(30), |l| l.starts_with("ready"))
-        .unwrap_or_else(|| panic!("{} did not print ready", path.display()));
-    p.send("go");
-    Loaded {
-        pids: vec![p.pid() as u32],
-        _procs: vec![p],
-        stop: Arc::new(AtomicBool::new(false)),
-        load: Vec::new(),
-    }
+    let mut t = Target::start(path, args);
+    t.go();
+    Loaded::idle(vec![t.pid() as u32], vec![t.proc])
 }
 
 /// The test targets and the demo, by name, with arguments that keep them
