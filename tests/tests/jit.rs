@@ -25,20 +25,35 @@ fn node() -> PathBuf {
     found.expect("node is missing: install Debian's nodejs (cargo xtask setup --with-test-deps)")
 }
 
-/// `tests/targets/jit.js` under `node --perf-basic-prof`, as in a
-/// container: a pid namespace of its own (node is pid 1 there, so it writes
-/// `/tmp/perf-1.map`) and a mount namespace whose /tmp is a tmpfs of its
-/// own, which goes when node exits. The script is given with `-e`: the
-/// repository may be under the /tmp it no longer sees.
-fn start_node(dir: &Path) -> Target {
+/// How node names its JIT code for perf.
+#[derive(Clone, Copy)]
+enum Names {
+    /// `--perf-basic-prof`: the perf map, `/tmp/perf-<pid>.map`.
+    PerfMap,
+    /// `--perf-prof`: a jitdump file, `jit-<pid>.dump` in its directory.
+    Jitdump,
+}
+
+/// `tests/targets/jit.js` under node, as in a container: a pid namespace
+/// of its own (node is pid 1 there, so it writes `/tmp/perf-1.map` or
+/// `jit-1.dump`) and a mount namespace whose /tmp is a tmpfs of its own,
+/// which goes when node exits; its directory is `/tmp/app` in that tmpfs.
+/// The script is given with `-e`: the repository may be under the /tmp it
+/// no longer sees.
+fn start_node(dir: &Path, names: Names) -> Target {
     let script = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/targets/jit.js"))
         .expect("tests/targets/jit.js");
+    let flag = match names {
+        Names::PerfMap => "--perf-basic-prof",
+        Names::Jitdump => "--perf-prof",
+    };
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount", "--kill-child", "sh", "-c"])
         // Inlining would fold buildReport into its caller.
-        .arg(r#"mount -t tmpfs mt-agent-test /tmp && exec "$0" --perf-basic-prof --no-turbo-inlining --logfile=/dev/null -e "$1" 2"#)
+        .arg(r#"mount -t tmpfs mt-agent-test /tmp && mkdir /tmp/app && cd /tmp/app && exec "$0" "$2" --no-turbo-inlining --logfile=/dev/null -e "$1" 2"#)
         .arg(node())
         .arg(script)
+        .arg(flag)
         .current_dir(dir);
     Target::start_cmd(cmd)
 }
@@ -109,8 +124,19 @@ fn capture(
     env: Vec<(String, String)>,
     at_armed: impl FnOnce(),
 ) -> (Run, i32) {
+    capture_named(dir, Names::PerfMap, extra, env, at_armed)
+}
+
+/// [`capture`], with node naming its code as `names` says.
+fn capture_named(
+    dir: &Path,
+    names: Names,
+    extra: &[&str],
+    env: Vec<(String, String)>,
+    at_armed: impl FnOnce(),
+) -> (Run, i32) {
     preflight();
-    let mut t = start_node(dir);
+    let mut t = start_node(dir, names);
     let pid = node_pid(t.pid());
     assert_eq!(
         status_field(pid, "NSpid")
@@ -192,6 +218,94 @@ fn javascript_frames_are_named_after_the_process_is_gone_and_elsewhere() {
     let (named2, js2) = js_frames(&moved, &report(&moved));
     eprintln!("moved: {named2} samples under {JS_FUNCTION}, {js2} with JS frames");
     assert_eq!((named2, js2), (named, js));
+}
+
+#[test]
+fn javascript_frames_are_named_from_the_kept_jitdump_after_the_process_is_gone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, pid) = capture_named(tmp.path(), Names::Jitdump, &[], Vec::new(), || {});
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let lines = fs::read_to_string(run.out.join(".jit/kept.jsonl")).unwrap();
+    let dump = format!("jit-{pid}.dump");
+    let dumps: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["file"] == dump.as_str())
+        .collect();
+    assert!(
+        !dumps.is_empty(),
+        "no jitdump kept: {lines}\n{}",
+        run.output()
+    );
+    assert!(
+        dumps.iter().all(|l| l["origin"] == "/tmp/app/jit-1.dump"),
+        "{lines}"
+    );
+    let kept = fs::metadata(run.out.join(".jit").join(&dump))
+        .unwrap()
+        .len();
+    eprintln!("kept {kept} bytes of jitdump for {} snapshots", dumps.len());
+
+    // perf alone can't: the dump's path, in node's /tmp, is gone, and its
+    // name has node's own pid. perf inject then fails or names nothing.
+    let hit = run.entries("hit")[0]["file"].as_str().unwrap().to_string();
+    let injected = tmp.path().join("plain.data");
+    let plain = Command::new(perf_bin().expect("perf"))
+        .args(["--buildid-dir"])
+        .arg(tmp.path().join("plain-cache"))
+        .args(["inject", "--jit", "-i"])
+        .arg(run.out.join(&hit))
+        .arg("-o")
+        .arg(&injected)
+        .output()
+        .unwrap();
+    let named_by_perf = || {
+        // --no-inline: perf 6.1 asks addr2line about every frame in the
+        // 100 MB node binary otherwise, for minutes (docs/jit-maps.md).
+        let o = Command::new(perf_bin().expect("perf"))
+            .args(["script", "--no-inline", "-F", "ip,sym", "-i"])
+            .arg(&injected)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).contains(JS_FUNCTION)
+    };
+    assert!(
+        !plain.status.success() || !named_by_perf(),
+        "perf inject found the dump"
+    );
+
+    let t0 = std::time::Instant::now();
+    let o = report(&run.out);
+    eprintln!("reported in {:?}", t0.elapsed());
+    let (named, js) = js_frames(&run.out, &o);
+    eprintln!("after the exit: {named} samples under {JS_FUNCTION}, {js} with JS frames");
+    assert!(named > 0, "no {JS_FUNCTION} in the report; {js} JS samples");
+    let first: Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["file_jitdump_error"], Value::Null, "{first}");
+    assert!(first["file_jitdumps"].as_u64() >= Some(1), "{first}");
+    // The report read perf's command line, not perf inject's.
+    let html = fs::read_to_string(run.out.join("report.html")).expect("the page");
+    assert!(!html.contains("perf inject"), "the page names perf inject");
+
+    // A copy of OUT elsewhere, the original gone: the same names, and
+    // nothing left in the temporary directory.
+    let moved = tmp.path().join("elsewhere");
+    fs::rename(&run.out, &moved).unwrap();
+    fs::remove_dir_all(moved.join("report")).ok();
+    let (named2, js2) = js_frames(&moved, &report(&moved));
+    assert_eq!((named2, js2), (named, js));
+    let left: Vec<_> = fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("mt-agent-jitdump-")
+        })
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 /// The largest length `kept.jsonl` names for each kept copy, bytes.

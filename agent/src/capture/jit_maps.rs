@@ -293,22 +293,9 @@ pub struct KeptMap {
 /// (no symlink, no `..`): OUT may come from elsewhere. Empty when none was
 /// kept; a line or file that can't be read is skipped.
 pub fn maps_for(dir: &Path, snapshot: &str) -> Vec<KeptMap> {
-    let Ok(index) = runs::open_in(dir, &Path::new(DIR).join(INDEX)) else {
-        return Vec::new();
-    };
-    let mut last: HashMap<String, KeptLine> = HashMap::new();
-    for line in io::BufReader::new(index).lines().map_while(Result::ok) {
-        let Some(l) = KeptLine::parse(&line) else {
-            continue;
-        };
-        if l.snapshot == snapshot && l.kind == Kind::PerfMap {
-            last.insert(l.file.clone(), l);
-        }
-    }
-    let mut out: Vec<KeptMap> = last
-        .into_values()
-        .filter_map(|l| {
-            let f = runs::open_in(dir, &Path::new(DIR).join(&l.file)).ok()?;
+    kept_for(dir, snapshot, Kind::PerfMap)
+        .into_iter()
+        .filter_map(|(l, f)| {
             let mut content = vec![0u8; l.bytes.min(MAX_FILE_BYTES) as usize];
             let n = read_full_at(&f, &mut content, 0).ok()?;
             content.truncate(n);
@@ -317,8 +304,54 @@ pub fn maps_for(dir: &Path, snapshot: &str) -> Vec<KeptMap> {
                 content,
             })
         })
+        .collect()
+}
+
+/// A kept jitdump file for the report: the process's pid as perf.data
+/// names it, the open copy, and how many of its bytes cover the snapshot.
+#[derive(Debug)]
+pub struct KeptDump {
+    pub pid: i32,
+    pub file: File,
+    pub bytes: u64,
+}
+
+/// The jitdump files kept for snapshot `snapshot` of `dir`, opened as
+/// [`maps_for`] opens the maps, by pid.
+pub fn dumps_for(dir: &Path, snapshot: &str) -> Vec<KeptDump> {
+    kept_for(dir, snapshot, Kind::Jitdump)
+        .into_iter()
+        .map(|(l, file)| KeptDump {
+            pid: l.pid,
+            file,
+            bytes: l.bytes.min(MAX_FILE_BYTES),
+        })
+        .collect()
+}
+
+/// The last index line of each kept file of `kind` for `snapshot`, with
+/// the file opened beneath `dir`, by pid.
+fn kept_for(dir: &Path, snapshot: &str, kind: Kind) -> Vec<(KeptLine, File)> {
+    let Ok(index) = runs::open_in(dir, &Path::new(DIR).join(INDEX)) else {
+        return Vec::new();
+    };
+    let mut last: HashMap<String, KeptLine> = HashMap::new();
+    for line in io::BufReader::new(index).lines().map_while(Result::ok) {
+        let Some(l) = KeptLine::parse(&line) else {
+            continue;
+        };
+        if l.snapshot == snapshot && l.kind == kind {
+            last.insert(l.file.clone(), l);
+        }
+    }
+    let mut out: Vec<(KeptLine, File)> = last
+        .into_values()
+        .filter_map(|l| {
+            let f = runs::open_in(dir, &Path::new(DIR).join(&l.file)).ok()?;
+            Some((l, f))
+        })
         .collect();
-    out.sort_by_key(|m| m.pid);
+    out.sort_by_key(|(l, _)| l.pid);
     out
 }
 

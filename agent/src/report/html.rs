@@ -129,6 +129,15 @@ fn warnings(h: &mut String, p: &Page) {
             p.grafted
         );
     }
+    for f in p.files.iter().filter(|f| f.jitdump_error.is_some()) {
+        let _ = write!(
+            h,
+            "<p class=\"warn\">{}: the kept jitdump files could not be read, so its JIT \
+             frames are unnamed: {}.</p>",
+            esc(&f.line.snapshot.file),
+            esc(f.jitdump_error.as_deref().unwrap_or(""))
+        );
+    }
     let (cut, all) = p.truncated;
     if all > 0 && cut * 2 > all {
         let used = p

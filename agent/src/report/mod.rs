@@ -24,6 +24,7 @@ mod embed;
 pub mod fleet;
 pub mod graft;
 mod html;
+mod jitdump;
 mod model;
 mod moments;
 mod offcpu;
@@ -378,6 +379,8 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "seconds_into_run": p.seconds_into_run(f, x),
         "file_samples": read.then_some(f.samples),
         "file_grafted_stacks": read.then_some(f.grafted),
+        "file_jitdumps": read.then_some(f.jitdumps),
+        "file_jitdump_error": f.jitdump_error,
         "moment": {
             "start_ns": h.span.start_ns, "end_ns": h.span.end_ns, "tid": h.span.tid,
             "call": h.span.call,

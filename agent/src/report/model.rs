@@ -106,6 +106,10 @@ pub struct FileReport {
     pub pprof: Option<Profiles>,
     /// Cut DWARF stacks the report completed (report/graft.rs).
     pub grafted: u64,
+    /// Kept jitdump files its JIT code was named from, and why they could
+    /// not be read, if so (report/jitdump.rs).
+    pub jitdumps: u64,
+    pub jitdump_error: Option<String>,
 }
 
 /// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
@@ -171,6 +175,8 @@ fn one_file(
         pprof: None,
         threads: Vec::new(),
         grafted: 0,
+        jitdumps: 0,
+        jitdump_error: None,
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -270,6 +276,8 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
     rep.cmdline = s.cmdline.clone();
     rep.samples = s.samples.len() as u64;
     rep.grafted = s.grafted as u64;
+    rep.jitdumps = s.jitdumps as u64;
+    rep.jitdump_error = s.jitdump_error.clone();
     let lo = s.samples.iter().map(|x| x.time_ns).min();
     let hi = s.samples.iter().map(|x| x.time_ns).max();
     rep.span_ns = lo.zip(hi);

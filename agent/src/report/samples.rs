@@ -16,7 +16,10 @@ use std::{
     process::{Command, Stdio},
 };
 
-use crate::report::graft;
+use crate::{
+    capture::jit_maps,
+    report::{graft, jitdump},
+};
 
 /// The fields asked of `perf script`: thread, time (ns with `--ns`), the
 /// event's name and a tracepoint's fields (`trace`), and the call chain as
@@ -82,6 +85,11 @@ pub struct Samples {
     /// Cut DWARF stacks completed from complete ones of their thread
     /// ([`Samples::graft_cut_stacks`]).
     pub grafted: usize,
+    /// Kept jitdump files the JIT code was named from (docs/jit-maps.md).
+    pub jitdumps: usize,
+    /// Why the kept jitdump files could not be read: the snapshot is then
+    /// read without them.
+    pub jitdump_error: Option<String>,
 }
 
 impl Samples {
@@ -256,12 +264,22 @@ pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
 /// perf reads the file through `/proc/self/fd/N`, the descriptor already
 /// checked to be a regular file. Errors carry perf's last message.
 pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samples, String> {
-    let fd = file.as_raw_fd();
     let jit = JitView::of(file, buildid_dir);
+    let injected = jit.as_ref().and_then(|j| j.inject(perf, file));
+    let dumps = jit.as_ref().map_or(0, |j| j.dumps.len());
+    let input = match &injected {
+        Some(Ok(i)) => &i.data,
+        _ => file,
+    };
+    let fd = input.as_raw_fd();
     let buildid_dir = jit
         .as_ref()
         .map_or(buildid_dir, |j| j.buildid_dir.as_deref());
     let mut cmd = perf_command(perf, buildid_dir);
+    if let Some(Ok(i)) = &injected {
+        // perf inject named the functions' ELF files `./jitted-...`.
+        cmd.current_dir(i.dir());
+    }
     cmd.args([
         "script",
         "--header",
@@ -322,6 +340,14 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
             .unwrap_or("");
         return Err(format!("perf script failed ({status}): {}", last.trim()));
     }
+    match injected {
+        Some(Ok(i)) => {
+            samples.cmdline = i.cmdline;
+            samples.jitdumps = dumps;
+        }
+        Some(Err(e)) => samples.jitdump_error = Some(e),
+        None => {}
+    }
     samples.graft_cut_stacks();
     Ok(samples)
 }
@@ -331,19 +357,23 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
 /// perf looks for (`/tmp/perf-PID.map`, tools/perf/util/symbol.c
 /// `dso__find_perf_map`). The build-id cache is then given as the
 /// descriptor of its directory, which stays reachable were it under /tmp.
+///
+/// A snapshot with kept jitdump files is first given to `perf inject
+/// --jit` ([`jitdump::inject`]), and `perf script` reads what it wrote.
 struct JitView {
     files: Vec<(std::ffi::CString, Vec<u8>)>,
+    dumps: Vec<jit_maps::KeptDump>,
     dir: Option<File>,
     buildid_dir: Option<std::path::PathBuf>,
 }
 
 impl JitView {
-    /// `None` when the snapshot has no kept maps.
+    /// `None` when the snapshot has no kept maps or jitdump files.
     fn of(file: &File, buildid_dir: Option<&Path>) -> Option<Self> {
-        use crate::capture::jit_maps;
         let (dir, name) = jit_maps::snapshot_of(file)?;
         let maps = jit_maps::maps_for(&dir, &name);
-        if maps.is_empty() {
+        let dumps = jit_maps::dumps_for(&dir, &name);
+        if maps.is_empty() && dumps.is_empty() {
             return None;
         }
         let files = maps
@@ -359,9 +389,15 @@ impl JitView {
             .map(|d| format!("/proc/self/fd/{}", d.as_raw_fd()).into());
         Some(Self {
             files,
+            dumps,
             dir,
             buildid_dir,
         })
+    }
+
+    /// The snapshot injected with the kept jitdump files; `None` without.
+    fn inject(&self, perf: &Path, file: &File) -> Option<Result<jitdump::Injected, String>> {
+        (!self.dumps.is_empty()).then(|| jitdump::inject(perf, file, &self.dumps))
     }
 
     fn dir_fd(&self) -> Option<i32> {
