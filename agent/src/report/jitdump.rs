@@ -335,8 +335,10 @@ pub fn inject(perf: &Path, snapshot: &File, dumps: &[KeptDump]) -> Result<Inject
 /// pid. Its build-id cache is the temporary one: perf inject adds the ELF
 /// files it writes to it.
 fn run_inject(perf: &Path, dir: &Path) -> Result<(), String> {
-    let mut cmd = crate::report::samples::perf_command(perf, Some(&dir.join(".debug")));
-    cmd.args(["inject", "--jit", "-i", "in.data", "-o", "out.data"])
+    let mut cmd = crate::perf::binary::command(perf);
+    cmd.arg("--buildid-dir")
+        .arg(dir.join(".debug"))
+        .args(["inject", "--jit", "-i", "in.data", "-o", "out.data"])
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

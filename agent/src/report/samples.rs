@@ -316,6 +316,22 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
             Ok(())
         });
     }
+    let mut samples = run_script(perf, &mut cmd)?;
+    match injected {
+        Some(Ok(i)) => {
+            samples.cmdline = i.cmdline;
+            samples.jitdumps = dumps;
+        }
+        Some(Err(e)) => samples.jitdump_error = Some(e),
+        None => {}
+    }
+    samples.graft_cut_stacks();
+    Ok(samples)
+}
+
+/// Runs the `perf script` command `cmd` (stdout and stderr piped) and
+/// parses what it prints. Errors carry perf's last message.
+fn run_script(perf: &Path, cmd: &mut Command) -> Result<Samples, String> {
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", perf.display()))?;
@@ -331,7 +347,7 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
     ));
     let status = child.wait().map_err(|e| e.to_string())?;
     let errs = errs.join().unwrap_or_default();
-    let mut samples = parsed.map_err(|e| format!("reading perf script's output: {e}"))?;
+    let samples = parsed.map_err(|e| format!("reading perf script's output: {e}"))?;
     if !status.success() {
         let last = errs
             .lines()
@@ -340,15 +356,6 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
             .unwrap_or("");
         return Err(format!("perf script failed ({status}): {}", last.trim()));
     }
-    match injected {
-        Some(Ok(i)) => {
-            samples.cmdline = i.cmdline;
-            samples.jitdumps = dumps;
-        }
-        Some(Err(e)) => samples.jitdump_error = Some(e),
-        None => {}
-    }
-    samples.graft_cut_stacks();
     Ok(samples)
 }
 
