@@ -378,19 +378,42 @@ fn fleet_js(
     let name = run.out.file_name().unwrap();
     let mirrored = dir.join(host).join(name).join(".jit");
     let longest = longest_kept(&fs::read_to_string(mirrored.join("kept.jsonl")).unwrap());
-    let map = format!("perf-{pid}.map");
+    let map = kept_name(mirrored.join("kept.jsonl").as_path(), *pid);
     let copy = fs::read(mirrored.join(&map)).unwrap();
     assert_eq!(copy, whole[..longest[&map] as usize]);
     frames
 }
 
+/// The one kept file of `pid` that `kept.jsonl` at `index` names: its
+/// perf map or its jitdump.
+fn kept_name(index: &Path, pid: i32) -> String {
+    let names = longest_kept(&fs::read_to_string(index).unwrap());
+    let mine: Vec<&String> = names
+        .keys()
+        .filter(|n| **n == format!("perf-{pid}.map") || **n == format!("jit-{pid}.dump"))
+        .collect();
+    assert_eq!(mine.len(), 1, "{names:?}");
+    mine[0].clone()
+}
+
 #[test]
 fn javascript_frames_are_named_in_the_report_from_the_store_once_out_is_gone() {
+    named_from_the_store(Names::PerfMap);
+}
+
+#[test]
+fn javascript_frames_of_a_jitdump_are_named_in_the_report_from_the_store() {
+    named_from_the_store(Names::Jitdump);
+}
+
+/// A capture uploading to a real store, then OUT deleted: the fleet report
+/// from the store names the JS frames as the local report did.
+fn named_from_the_store(names: Names) {
     let store = SeaweedFs::start();
     let tmp = tempfile::tempdir().unwrap();
     let url = store.url("prod");
     let upload = ["--upload", &url, "--upload-host", "node-1"];
-    let (run, pid) = capture(tmp.path(), &upload, store.admin_env(), || {});
+    let (run, pid) = capture_named(tmp.path(), names, &upload, store.admin_env(), || {});
     assert_eq!(run.code, Some(0), "{}", run.output());
     let summary = upload_summary(&run);
     assert_eq!(summary["pending"], 0, "{summary}");
@@ -399,14 +422,15 @@ fn javascript_frames_are_named_in_the_report_from_the_store_once_out_is_gone() {
     assert!(bytes > 0);
     assert_eq!(summary["jit_bytes"].as_u64(), Some(bytes), "{summary}");
     let local = js_frames(&run.out, &report(&run.out));
-    let whole = fs::read(run.out.join(".jit").join(format!("perf-{pid}.map"))).unwrap();
+    let kept = kept_name(&run.out.join(".jit/kept.jsonl"), pid);
+    let whole = fs::read(run.out.join(".jit").join(&kept)).unwrap();
 
     // OUT is gone: only the store holds the run.
     fs::remove_dir_all(&run.out).unwrap();
     let dir = tmp.path().join("fleet");
     let (named, js) = fleet_js(&store, &url, &dir, "node-1", &(run, pid, whole));
     eprintln!(
-        "uploaded {bytes} bytes of perf map in {chunks} chunks; from the store: {named} \
+        "uploaded {bytes} bytes of {kept} in {chunks} chunks; from the store: {named} \
          samples under {JS_FUNCTION}, {js} with JS frames (local report: {local:?})"
     );
     assert!(named > 0, "no {JS_FUNCTION} in the report from the store");
