@@ -8,7 +8,7 @@
 //!   start-up, `perf_ready_ms`, beside it) and its peak RSS at armed
 //!   (`VmHWM` of the agent; perf is another process);
 //! * `mt-agent symbols`: `symbols --pid N PATTERN`, wall time and peak RSS
-//!   (`wait4`'s `ru_maxrss`);
+//!   (its `VmHWM` at its exit: [`wait_peak`]);
 //! * the anchor, `perf probe -x node --add EVENT=uv_run` (then `perf probe
 //!   -d`): what perf takes to find a function in the same file. Not the same
 //!   function: perf 6.1 refuses `Heap::CollectGarbage` by any name ("Failed
@@ -47,15 +47,47 @@ const SETUPS: [&str; 3] = [
 /// One measurement: ms, peak RSS (KiB), perf's start-up (ms, capture only).
 type Figures = (f64, u64, Option<f64>);
 
-/// Waits for `child` with `wait4`: its exit status and peak RSS (KiB).
-fn wait_rusage(child: Child) -> (bool, u64) {
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it in.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: the pid is our child's, not yet waited for.
-    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
-    let ok = r > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    (ok, ru.ru_maxrss as u64)
+/// Waits for `child`: whether it exited 0, and its peak RSS (KiB), the
+/// `VmHWM` of its own memory read when it stops at its exit under
+/// `PTRACE_O_TRACEEXIT` (ptrace(2): the stop comes before its memory is
+/// released). Not `wait4`'s `ru_maxrss`: at exec the kernel keeps the old
+/// memory's high-water mark in it (`exec_mmap()`, fs/exec.c), and that
+/// memory is the bench's own or its copy, so a bench that once grew large
+/// (the stack-need recordings) made every child read as large.
+fn wait_peak(child: Child) -> (bool, Option<u64>) {
+    let pid = child.id() as i32;
+    // SAFETY: ptrace and waitpid on our own child, not yet waited for.
+    unsafe {
+        libc::ptrace(libc::PTRACE_SEIZE, pid, 0, libc::PTRACE_O_TRACEEXIT);
+    }
+    let exit_stop = libc::SIGTRAP | (libc::PTRACE_EVENT_EXIT << 8);
+    let mut peak = None;
+    loop {
+        let mut status = 0;
+        // SAFETY: as above.
+        if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } != pid {
+            return (false, peak);
+        }
+        if libc::WIFEXITED(status) {
+            return (libc::WEXITSTATUS(status) == 0, peak);
+        }
+        if !libc::WIFSTOPPED(status) {
+            return (false, peak);
+        }
+        let signal = if status >> 8 == exit_stop {
+            peak = vm_hwm(pid);
+            0
+        } else if status >> 16 != 0 {
+            // Another ptrace event or a group-stop: nothing to deliver.
+            0
+        } else {
+            libc::WSTOPSIG(status)
+        };
+        // SAFETY: the tracee is stopped.
+        unsafe {
+            libc::ptrace(libc::PTRACE_CONT, pid, 0, signal);
+        }
+    }
 }
 
 /// Runs a command to its end: wall ms and peak RSS, or why it failed.
@@ -66,12 +98,13 @@ fn timed(cmd: &mut Command) -> Result<Figures, String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("{cmd:?}: {e}"))?;
-    let (ok, rss) = wait_rusage(child);
+    let (ok, rss) = wait_peak(child);
     let ms = t0.elapsed().as_secs_f64() * 1e3;
-    if !ok {
-        return Err(format!("{cmd:?} failed"));
+    match (ok, rss) {
+        (true, Some(rss)) => Ok((ms, rss, None)),
+        (true, None) => Err(format!("{cmd:?}: no VmHWM at its exit")),
+        _ => Err(format!("{cmd:?} failed")),
     }
-    Ok((ms, rss, None))
 }
 
 /// `VmHWM` of `pid`, KiB.
