@@ -841,7 +841,7 @@ fn bench_run(
         prog_ns = (count > 0).then(|| time as f64 / count as f64);
         prog_runs = Some(count);
     }
-    t.wait(Duration::from_secs(600));
+    let exit = t.wait(Duration::from_secs(600));
     let ns: Vec<f64> = t
         .proc
         .stdout()
@@ -864,10 +864,13 @@ fn bench_run(
             .or(hits);
     }
     if ns.len() != plan.reps && failed.is_none() {
+        // Its exit and last words say why (a signal, an error line).
+        let stderr = t.proc.stderr();
         failed = Some(format!(
-            "the target printed {} of {} ns_per_call lines",
+            "the target printed {} of {} ns_per_call lines ({exit}; stderr: {:?})",
             ns.len(),
-            plan.reps
+            plan.reps,
+            stderr.last().map_or("", String::as_str)
         ));
     }
     BenchRun {
