@@ -74,6 +74,17 @@ pub fn command(perf: &Path) -> Command {
     cmd
 }
 
+/// perf's last non-blank line on stderr, trimmed: what a failed perf
+/// command says of why ("" when it said nothing).
+pub fn last_message(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+}
+
 /// Runs `perf version` and returns its version line, e.g. `perf version
 /// 6.1.187`. Fails (exit code 3) when the binary does not behave like perf.
 pub fn perf_version(perf: &Path) -> Result<String, Failure> {

@@ -357,15 +357,10 @@ fn run_inject(perf: &Path, dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     let errs = String::from_utf8_lossy(&out.stderr);
-    let last = errs
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
     Err(format!(
         "perf inject --jit failed ({}): {}",
         out.status,
-        last.trim()
+        crate::perf::binary::last_message(&errs)
     ))
 }
 

@@ -349,12 +349,8 @@ fn run_script(perf: &Path, cmd: &mut Command) -> Result<Samples, String> {
     let errs = errs.join().unwrap_or_default();
     let samples = parsed.map_err(|e| format!("reading perf script's output: {e}"))?;
     if !status.success() {
-        let last = errs
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(format!("perf script failed ({status}): {}", last.trim()));
+        let last = crate::perf::binary::last_message(&errs);
+        return Err(format!("perf script failed ({status}): {last}"));
     }
     Ok(samples)
 }
