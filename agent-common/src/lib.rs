@@ -59,6 +59,16 @@ pub struct Hit {
     pub retval: u64,
     /// [`HIT_AT_RETURN`] and friends.
     pub flags: u64,
+    /// For a `--slower-than` trigger on a SysV function: the stack pointer
+    /// at entry, the address of the slot that holds the call's return
+    /// address while it runs (a pending uretprobe replaces it there with
+    /// the kernel's trampoline); else 0.
+    pub entry_sp: u64,
+    /// For a `--slower-than` trigger on a SysV function: the return
+    /// address read from that slot at entry, before any uretprobe replaced
+    /// it; else 0. The report puts it back into the DWARF stack copies
+    /// taken during the call (report/pending_returns.rs).
+    pub return_address: u64,
 }
 
 /// [`Hit::flags`]: the hit was taken at the function's return, so
@@ -244,6 +254,9 @@ pub struct Frame {
     pub entry_ns: u64,
     /// Arguments at entry.
     pub args: [u64; NARGS],
+    /// The return address at entry (`[rsp]`, SysV only; else 0): see
+    /// [`Hit::return_address`].
+    pub return_address: u64,
 }
 
 /// The open calls of one thread (or goroutine) for one trigger.
@@ -345,13 +358,13 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Hit>(), 8 + 4 * 4 + 8 * NARGS + 8 * 3);
+        assert_eq!(size_of::<Hit>(), 8 + 4 * 4 + 8 * NARGS + 8 * 5);
         assert_eq!(size_of::<Cond>(), 16);
         assert_eq!(
             size_of::<TriggerConfig>(),
             4 + 4 + 4 * MAX_TIDS + 4 + 4 + 16 * MAX_CONDS + 8 * 5
         );
-        assert_eq!(size_of::<Frame>(), 16 + 8 * NARGS);
+        assert_eq!(size_of::<Frame>(), 24 + 8 * NARGS);
         assert_eq!(size_of::<FrameStack>(), 8 + size_of::<Frame>() * MAX_DEPTH);
     }
 

@@ -563,6 +563,7 @@ mod prog {
         duration_ns: u64,
         retval: u64,
         flags: u64,
+        (entry_sp, return_address): (u64, u64),
     ) {
         bump(trigger, Counter::Accepted);
         match HITS.reserve::<Hit>(0) {
@@ -578,6 +579,8 @@ mod prog {
                     duration_ns,
                     retval,
                     flags,
+                    entry_sp,
+                    return_address,
                 });
                 entry.submit(0);
                 debug!(
@@ -659,7 +662,7 @@ mod prog {
         if cfg.n_conds == 0 {
             args = read_args(&load_regs(regs), go_abi);
         }
-        emit(ctx, trigger, pid_tgid, clock.now(), &args, 0, 0, 0);
+        emit(ctx, trigger, pid_tgid, clock.now(), &args, 0, 0, 0, (0, 0));
         Some(())
     }
 
@@ -715,10 +718,20 @@ mod prog {
             bump(trigger, Counter::DropNoReturn);
             return None;
         }
+        // The return address, read before any uretprobe of this uprobe
+        // replaces it: the kernel runs every consumer's handler first, then
+        // hijacks the return (`handler_chain`, kernel/events/uprobes.c).
+        let return_address = if go_abi {
+            0
+        } else {
+            // SAFETY: bpf_probe_read_user copes with any address.
+            unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0)
+        };
         stack.frames[depth] = Frame {
             sp: pos,
             entry_ns: now,
             args,
+            return_address,
         };
         stack.depth += 1;
         Some(())
@@ -797,6 +810,12 @@ mod prog {
             duration_ns,
             regs.rax,
             HIT_AT_RETURN,
+            // SysV's position is !rsp at entry: the return address's slot.
+            if go_abi {
+                (0, 0)
+            } else {
+                (!frame.sp, frame.return_address)
+            },
         );
         Some(())
     }

@@ -107,15 +107,17 @@ fn slower_than_triggers_at_the_return_of_slow_calls() {
         assert_eq!(n(&h["retval"]), 2 * n(&h["args"][0]), "{h}");
     }
     assert_eq!(n(&counters(&run)["dropped"]["duration"]), 47);
-    // The off-CPU breakdown (on by default here) records DWARF stacks,
-    // which a uretprobe would cut: the `ret` probes stay.
-    assert_returns(&run, "ret", Some("off-CPU"));
+    // A C process: the uretprobe is proven harmless and chosen, with the
+    // off-CPU breakdown on by default here (the report puts the return
+    // addresses back into its DWARF stack copies: report.rs checks it).
+    assert_returns(&run, "uretprobe", None);
 }
 
 #[test]
 fn slower_than_uses_a_uretprobe_where_it_is_proven_harmless() {
-    // A C process, frame-pointer stacks, no off-CPU breakdown: the
-    // uretprobe is proven harmless and chosen (no single-stepped `ret`).
+    // A C process, DWARF stacks: the uretprobe is proven harmless and
+    // chosen (no single-stepped `ret`); the report puts the return
+    // addresses back into the stack copies (report.rs checks it).
     let mut t = Target::start(&target_path("target"), &["slow", "50"]);
     let run = capture(
         &mut t,
@@ -126,7 +128,8 @@ fn slower_than_uses_a_uretprobe_where_it_is_proven_harmless() {
             "25ms",
             "--cooldown",
             "0",
-            "--no-off-cpu",
+            "--call-graph",
+            "dwarf",
         ],
     );
     assert_three_slow_calls(&run, |h| n(&h["args"][0]));
@@ -543,9 +546,10 @@ fn a_tail_jump_warning_suggests_the_uretprobe() {
         "--duration",
         "1s",
     ];
-    // The `ret` probes (here for the off-CPU breakdown's DWARF stacks) miss
-    // the tail jump.
-    let run = Agent::start(&base).finish(FINISH);
+    // The `ret` probes miss the tail jump.
+    let mut rets = base.to_vec();
+    rets.push("--probe-rets");
+    let run = Agent::start(&rets).finish(FINISH);
     assert_eq!(run.code, Some(0), "{}", run.output());
     let warning = run
         .stderr
@@ -557,13 +561,11 @@ fn a_tail_jump_warning_suggests_the_uretprobe() {
         "{warning}"
     );
     assert!(warning.contains("--use-uretprobe"), "{warning}");
-    // With the uretprobe, forced or chosen (a C target without the off-CPU
-    // breakdown), there is nothing to warn of.
+    // With the uretprobe, forced or chosen (a C target), there is nothing
+    // to warn of.
     let mut forced = base.to_vec();
     forced.push("--use-uretprobe");
-    let mut chosen = base.to_vec();
-    chosen.push("--no-off-cpu");
-    for args in [&chosen[..], &forced] {
+    for args in [&base[..], &forced] {
         let run = Agent::start(args).finish(FINISH);
         assert_eq!(run.code, Some(0), "{}", run.output());
         assert!(

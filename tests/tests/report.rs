@@ -107,6 +107,8 @@ fn the_moment_is_the_moment() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let hits = hits_json(&o);
     assert_eq!(hits.len(), 4, "{}", text(&o));
+    let armed = armed_event(&run.stdout).unwrap_or_else(|| panic!("{}", run.output()));
+    assert_eq!(armed["returns"], "uretprobe", "{armed}");
     pprof_is_read_by_go_pprof(&run, &hits);
     let page = fs::read_to_string(run.out.join("report.html")).unwrap();
     // perf's command line, on the page: how the stacks were unwound.
@@ -152,6 +154,15 @@ fn the_moment_is_the_moment() {
         // The differential: slow_part has gained the most.
         assert_eq!(h["diff"][0]["name"], "slow_part", "{ctx}");
         assert!(h["diff"][0]["delta"].as_f64().unwrap() > 0.5, "{ctx}");
+        // The uretprobe sees the returns (a C target), and its trampoline's
+        // address, in the switch samples' DWARF copies taken during the
+        // call, was replaced by the call's return address
+        // (report/pending_returns.rs): without that the blocked stacks
+        // below end at `handle`.
+        assert!(
+            h["file_returns_restored"].as_u64().unwrap() >= 1,
+            "no return address restored; {ctx}"
+        );
         off_cpu_of_the_call(&run, h, d, dwarf);
         timeline_lanes(h);
     }

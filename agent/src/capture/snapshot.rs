@@ -311,6 +311,7 @@ mod tests {
             args: [seq, 0, 0, 0, 0, 0],
             duration_ns: None,
             retval: None,
+            pending_return: None,
             merged: false,
             starts_before_samples: false,
             off_cpu: None,

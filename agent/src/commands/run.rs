@@ -176,7 +176,7 @@ fn prepare(
         resolved.iter().map(|r| (&r.res, &r.watch)),
     )?;
     for (t, r) in plan.triggers.iter().zip(&mut resolved) {
-        choose_uretprobe(t, r, &unwinding, printer);
+        choose_uretprobe(t, r, printer);
     }
     printer.verbose(&format!(
         "stacks: --call-graph {} ({})",
@@ -764,27 +764,15 @@ fn plan_returns(
 /// For `--slower-than` without `--use-uretprobe`: sees the returns with a
 /// uretprobe instead of the uprobes on each `ret` when no process the
 /// uprobes reach can be harmed by one
-/// ([`symbols::uretprobe_safety::process_hazard`]) and stacks are unwound
-/// with frame pointers (the kernel gives a frame-pointer stack the real
-/// return address; a DWARF stack is cut at the trampoline), docs/uprobe-cost.md.
-fn choose_uretprobe(
-    t: &TriggerPlan,
-    r: &mut Resolved,
-    unwinding: &unwind::Unwinding,
-    printer: &Printer,
-) {
+/// ([`symbols::uretprobe_safety::process_hazard`]). The kernel gives a
+/// frame-pointer stack the real return address, and the report puts it
+/// back into the DWARF stack copies of the hits' calls
+/// (report/pending_returns.rs); docs/uprobe-cost.md.
+fn choose_uretprobe(t: &TriggerPlan, r: &mut Resolved, printer: &Printer) {
     if !r.returns.iter().any(|u| u.program == Program::Return) {
-        if r.returns.iter().any(Uprobe::is_uretprobe) && unwinding.mode != "fp" {
-            printer.warning(&format!(
-                "--use-uretprobe with --call-graph {}: a sample taken while a call is pending \
-                 ends its stack at the uretprobe's trampoline ([unknown]); --call-graph fp \
-                 keeps it whole",
-                unwinding.mode
-            ));
-        }
         return;
     }
-    let why = uretprobe_hazard(t, r, unwinding);
+    let why = uretprobe_hazard(t, r);
     let f = &r.res.function.demangled;
     match &why {
         None => {
@@ -812,11 +800,7 @@ fn choose_uretprobe(
 }
 
 /// Why a uretprobe is not proven harmless for this trigger, if it is not.
-fn uretprobe_hazard(
-    t: &TriggerPlan,
-    r: &Resolved,
-    unwinding: &unwind::Unwinding,
-) -> Option<String> {
+fn uretprobe_hazard(t: &TriggerPlan, r: &Resolved) -> Option<String> {
     use crate::symbols::uretprobe_safety::{process_hazard, processes_mapping};
     if t.probe_rets {
         return Some("--probe-rets".into());
@@ -842,23 +826,11 @@ fn uretprobe_hazard(
     let hazard = pids
         .iter()
         .find_map(|p| process_hazard(*p).map(|h| format!("in process {p}, {h}")));
+    // DWARF stack copies (`--call-graph dwarf`, the off-CPU breakdown's
+    // switch samples) hold the trampoline's address while a call is
+    // pending; the report puts each hit's return address back
+    // (report/pending_returns.rs), so they are no reason here.
     hazard
-        .or_else(|| {
-            (unwinding.mode != "fp").then(|| {
-                format!(
-                    "stacks are unwound with --call-graph {}, which a pending uretprobe cuts at \
-                     the kernel's trampoline",
-                    unwinding.mode
-                )
-            })
-        })
-        .or_else(|| {
-            t.off_cpu.is_some().then(|| {
-                "the off-CPU breakdown's stacks are DWARF copies, which a pending uretprobe cuts \
-                 at the kernel's trampoline (--no-off-cpu lets mt-agent choose the uretprobe)"
-                    .into()
-            })
-        })
 }
 
 /// The file offsets of a function's `ret` instructions, its `.cold` part

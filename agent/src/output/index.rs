@@ -58,6 +58,12 @@ pub struct IndexedHit {
     /// `--slower-than`: the return value (RAX).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retval: Option<u64>,
+    /// `--slower-than` on a SysV function: where the call's return address
+    /// was kept while it ran, and what it was ([`PendingReturn`]). The
+    /// report puts it back into the call's DWARF stack copies, which a
+    /// uretprobe leaves holding its trampoline's address.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub pending_return: Option<PendingReturn>,
     /// True when the hit did not cause its own snapshot but was merged into
     /// one already on its way.
     pub merged: bool,
@@ -71,6 +77,15 @@ pub struct IndexedHit {
     /// file's context-switch records before indexing.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub off_cpu: Option<OffCpu>,
+}
+
+/// The return address of a `--slower-than` call while it ran: the stack
+/// address of its slot (the stack pointer at entry) and the value read
+/// there at entry. Both are virtual addresses in the target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingReturn {
+    pub entry_sp: u64,
+    pub return_address: u64,
 }
 
 /// Kind of a snapshot file.
@@ -575,6 +590,10 @@ mod tests {
             args: [1, 2, 3, 4, 5, 6],
             duration_ns: Some(900),
             retval: Some(7),
+            pending_return: Some(PendingReturn {
+                entry_sp: 0x7ffd_0000_1000,
+                return_address: 0x5555_0000_1234,
+            }),
             merged: false,
             starts_before_samples: true,
             off_cpu: Some(OffCpu {

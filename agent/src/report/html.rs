@@ -129,6 +129,16 @@ fn warnings(h: &mut String, p: &Page) {
             p.grafted
         );
     }
+    for f in p.files.iter().filter(|f| f.returns_error.is_some()) {
+        let _ = write!(
+            h,
+            "<p class=\"warn\">{}: the return addresses a uretprobe hid from its DWARF stack \
+             copies could not be put back, so stacks sampled during the slow calls end at \
+             the uretprobe's trampoline: {}.</p>",
+            esc(&f.line.snapshot.file),
+            esc(f.returns_error.as_deref().unwrap_or(""))
+        );
+    }
     for f in p.files.iter().filter(|f| f.jitdump_error.is_some()) {
         let _ = write!(
             h,

@@ -29,6 +29,7 @@ mod model;
 mod moments;
 mod offcpu;
 mod offcpu_page;
+mod pending_returns;
 mod pprof;
 mod profiles;
 mod run_view;
@@ -381,6 +382,8 @@ fn hit_json(p: &Page, f: &FileReport, h: &HitReport, page: &Path) -> serde_json:
         "file_grafted_stacks": read.then_some(f.grafted),
         "file_jitdumps": read.then_some(f.jitdumps),
         "file_jitdump_error": f.jitdump_error,
+        "file_returns_restored": read.then_some(f.returns_restored),
+        "file_returns_error": f.returns_error,
         "moment": {
             "start_ns": h.span.start_ns, "end_ns": h.span.end_ns, "tid": h.span.tid,
             "call": h.span.call,

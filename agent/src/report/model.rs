@@ -12,6 +12,7 @@ use std::{
 use super::{
     moments::{self, Folded, Span, ThreadParts},
     offcpu::{self, OffCpuView},
+    pending_returns,
     profiles::{self, Profiles},
     samples::{self, Samples},
     timeline::{self, Timeline},
@@ -110,6 +111,10 @@ pub struct FileReport {
     /// not be read, if so (report/jitdump.rs).
     pub jitdumps: u64,
     pub jitdump_error: Option<String>,
+    /// Return addresses written back into its DWARF stack copies, and why
+    /// they could not be, if so (report/pending_returns.rs).
+    pub returns_restored: u64,
+    pub returns_error: Option<String>,
 }
 
 /// The page's id of a hit's section: `hit-<dir>-<file>-<seq>` (`/` in
@@ -177,6 +182,8 @@ fn one_file(
         grafted: 0,
         jitdumps: 0,
         jitdump_error: None,
+        returns_restored: 0,
+        returns_error: None,
     };
     let read = match open_in(&run.out, &run.rel.join(&snapshot.file)) {
         Err(_) if run.deleted.contains(&snapshot.file) => Err(Status::Deleted),
@@ -187,7 +194,10 @@ fn one_file(
                 have,
                 want: snapshot.bytes,
             }),
-            _ => samples::read(perf, run.buildid_dir.as_deref(), &f).map_err(Status::Corrupt),
+            _ => {
+                let calls = pending_returns::calls_of(&snapshot.hits);
+                samples::read(perf, run.buildid_dir.as_deref(), &f, &calls).map_err(Status::Corrupt)
+            }
         },
     };
     match read {
@@ -278,6 +288,8 @@ fn fill(rep: &mut FileReport, s: &Samples, window_ns: u64) {
     rep.grafted = s.grafted as u64;
     rep.jitdumps = s.jitdumps as u64;
     rep.jitdump_error = s.jitdump_error.clone();
+    rep.returns_restored = s.returns_restored as u64;
+    rep.returns_error = s.returns_error.clone();
     let lo = s.samples.iter().map(|x| x.time_ns).min();
     let hi = s.samples.iter().map(|x| x.time_ns).max();
     rep.span_ns = lo.zip(hi);

@@ -18,7 +18,7 @@ use std::{
 
 use crate::{
     capture::jit_maps,
-    report::{graft, jitdump},
+    report::{graft, jitdump, pending_returns},
 };
 
 /// The fields asked of `perf script`: thread, time (ns with `--ns`), the
@@ -90,6 +90,11 @@ pub struct Samples {
     /// Why the kept jitdump files could not be read: the snapshot is then
     /// read without them.
     pub jitdump_error: Option<String>,
+    /// Return addresses of the hits' calls written back into DWARF stack
+    /// copies that a uretprobe left holding its trampoline's address
+    /// (report/pending_returns.rs), and why that could not be done, if so.
+    pub returns_restored: usize,
+    pub returns_error: Option<String>,
 }
 
 impl Samples {
@@ -263,8 +268,22 @@ pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
 /// Runs `perf script` on an open snapshot file and parses its output.
 /// perf reads the file through `/proc/self/fd/N`, the descriptor already
 /// checked to be a regular file. Errors carry perf's last message.
-pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samples, String> {
+///
+/// `calls` are the snapshot's `--slower-than` calls: their return
+/// addresses are first written back into a copy's stack copies
+/// ([`pending_returns::repair`]), which perf then reads.
+pub fn read(
+    perf: &Path,
+    buildid_dir: Option<&Path>,
+    file: &File,
+    calls: &[pending_returns::Call],
+) -> Result<Samples, String> {
     let jit = JitView::of(file, buildid_dir);
+    let repaired = pending_returns::repair(file, calls);
+    let (file, restored) = match &repaired {
+        Ok(Some((copy, n))) => (copy, *n),
+        _ => (file, 0),
+    };
     let injected = jit.as_ref().and_then(|j| j.inject(perf, file));
     let dumps = jit.as_ref().map_or(0, |j| j.dumps.len());
     let input = match &injected {
@@ -325,6 +344,8 @@ pub fn read(perf: &Path, buildid_dir: Option<&Path>, file: &File) -> Result<Samp
         Some(Err(e)) => samples.jitdump_error = Some(e),
         None => {}
     }
+    samples.returns_restored = restored;
+    samples.returns_error = repaired.err();
     samples.graft_cut_stacks();
     Ok(samples)
 }

@@ -52,7 +52,7 @@ use crate::{
     error::Failure,
     output::{
         events::{Armed, Printer},
-        index::IndexedHit,
+        index::{IndexedHit, PendingReturn},
     },
     perf::{kallsyms::KallsymsCopy, record::PerfSpec},
     probe::{Probes, counters::Counters, detach, uprobes::TriggerUprobes},
@@ -904,6 +904,10 @@ impl Driver {
                 args: hit.args,
                 duration_ns: at_return.then_some(hit.duration_ns),
                 retval: at_return.then_some(hit.retval),
+                pending_return: (at_return && hit.entry_sp != 0).then_some(PendingReturn {
+                    entry_sp: hit.entry_sp,
+                    return_address: hit.return_address,
+                }),
                 merged: false,
                 starts_before_samples: false,
                 off_cpu: None,
