@@ -263,7 +263,7 @@ fn conditions(run: &Value) -> String {
         "**What conditions add per call, ns above plain mt-agent ({})**\n\n",
         reps(run)
     );
-    s.push_str("| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than --no-off-cpu (the agent's choice) | + --probe-rets (uprobe on each ret) | + --use-uretprobe | floor |\n");
+    s.push_str("| first instruction | mt-agent | + --tid, 2 × --when, --every (all evaluated) | + --slower-than (the agent's choice) | + --probe-rets (uprobe on each ret) | + --use-uretprobe | floor |\n");
     s.push_str("|---|---|---|---|---|---|---|\n");
     for row in rows(&run["overhead"]) {
         let _ = writeln!(

@@ -314,8 +314,8 @@ pub struct TriggerOptions {
     /// Trigger at the return of calls that lasted at least DURATION. The
     /// returns are seen by uprobes on each `ret` instruction (~6 µs a call),
     /// or by a uretprobe (~1 µs) where mt-agent proves it harmless: a C
-    /// process (no exceptions, Go, stack switching or dlopen) with
-    /// frame-pointer stacks and --no-off-cpu (docs/uprobe-cost.md).
+    /// process (no exceptions, Go, stack switching or dlopen)
+    /// (docs/uprobe-cost.md).
     #[arg(long, value_name = "DURATION", value_parser = duration_text)]
     pub slower_than: Option<String>,
 

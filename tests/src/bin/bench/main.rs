@@ -139,13 +139,13 @@ const SETUPS: [&str; 9] = [
 /// hit passes the thread and argument tests (arg0 is the loop index) and
 /// `--every` rejects it, so the whole in-kernel filter runs on each call;
 /// `--slower-than` adds a duration never reached and the probes that see the
-/// returns: the agent's choice (with `--no-off-cpu`, whose DWARF switch
-/// stacks would keep the `ret` probes: a uretprobe where it proves it safe,
-/// docs/uprobe-cost.md), forced uprobes on each `ret` (`--probe-rets`), or a
-/// forced uretprobe (`--use-uretprobe`).
+/// returns: the agent's choice with its defaults (the off-CPU breakdown
+/// on; a uretprobe where it proves it safe, docs/uprobe-cost.md), forced
+/// uprobes on each `ret` (`--probe-rets`), or a forced uretprobe
+/// (`--use-uretprobe`).
 fn condition_args(setup: &str, tid: i32) -> Vec<String> {
     let slower = |extra: &[&str]| {
-        let mut v: Vec<String> = vec!["--slower-than".into(), "10s".into(), "--no-off-cpu".into()];
+        let mut v: Vec<String> = vec!["--slower-than".into(), "10s".into()];
         v.extend(extra.iter().map(|s| s.to_string()));
         v
     };
