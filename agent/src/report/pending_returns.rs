@@ -32,7 +32,7 @@ use std::{
 use linux_perf_data::{
     AttributeDescription, PerfFileReader,
     linux_perf_event_reader::{
-        EventRecord, RawData, RawEventRecord, RecordParseInfo, RecordType,
+        EventRecord, RawData, RawEventRecord, RecordParseInfo, RecordType, SampleFormat,
         constants::PERF_REG_X86_SP,
     },
 };
@@ -121,6 +121,13 @@ fn patches(snapshot: &File, calls: &[Call]) -> io::Result<Vec<(u64, u64)>> {
         .iter()
         .map(|a| RecordParseInfo::new(&a.attr, perf.endian()))
         .collect();
+    if !infos
+        .iter()
+        .any(|i| i.sample_format.contains(SampleFormat::STACK_USER))
+    {
+        // No stack copies (frame-pointer stacks, no off-CPU breakdown).
+        return Ok(Vec::new());
+    }
     let by_id = ids_of(attrs);
     let mut src = reopen(snapshot)?;
     let mut header = [0u8; 56];
