@@ -32,7 +32,7 @@ use crate::capture::jit_maps::KeptDump;
 /// and event_types sections ({offset, size}, u64 each) and the feature
 /// bitmap (256 bits).
 const FILE_HEADER_BYTES: usize = 104;
-const DATA_SECTION_AT: usize = 40;
+pub const DATA_SECTION_AT: usize = 40;
 const FEATURES_AT: usize = 72;
 /// `HEADER_CMDLINE`, the feature bit of perf's command line.
 const HEADER_CMDLINE: usize = 11;
@@ -306,11 +306,8 @@ pub fn inject(perf: &Path, snapshot: &File, dumps: &[KeptDump]) -> Result<Inject
     }
     let input = dir.path().join("in.data");
     let rewritten = {
-        use std::os::fd::AsRawFd as _;
-        let mut src = BufReader::new(
-            File::open(format!("/proc/self/fd/{}", snapshot.as_raw_fd()))
-                .map_err(|e| format!("reopening the snapshot: {e}"))?,
-        );
+        let mut src =
+            BufReader::new(reopen(snapshot).map_err(|e| format!("reopening the snapshot: {e}"))?);
         let mut dst = BufWriter::new(File::create(&input).map_err(|e| write_err("in.data", e))?);
         let r = rewrite_marks(&mut src, &mut dst).map_err(|e| write_err("in.data", e))?;
         dst.flush().map_err(|e| write_err("in.data", e))?;
@@ -362,6 +359,13 @@ fn run_inject(perf: &Path, dir: &Path) -> Result<(), String> {
         out.status,
         crate::perf::binary::last_message(&errs)
     ))
+}
+
+/// An open file opened again through `/proc/self/fd`, so that reading it
+/// moves no offset the caller shares.
+pub fn reopen(f: &File) -> io::Result<File> {
+    use std::os::fd::AsRawFd as _;
+    File::open(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {

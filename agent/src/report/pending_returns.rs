@@ -37,7 +37,10 @@ use linux_perf_data::{
     },
 };
 
-use crate::output::index::{IndexedHit, PendingReturn};
+use crate::{
+    output::index::{IndexedHit, PendingReturn},
+    report::jitdump::{DATA_SECTION_AT, reopen},
+};
 
 /// One `--slower-than` call that a hit reported: its thread, when it ran
 /// (CLOCK_MONOTONIC ns, the clock of perf's `-k CLOCK_MONOTONIC`), and its
@@ -100,16 +103,6 @@ pub fn repair(snapshot: &File, calls: &[Call]) -> Result<Option<(File, usize)>, 
     }
     Ok(Some((copy, patches.len())))
 }
-
-/// The snapshot opened again, so that reading it moves no shared offset.
-fn reopen(f: &File) -> io::Result<File> {
-    use std::os::fd::AsRawFd as _;
-    File::open(format!("/proc/self/fd/{}", f.as_raw_fd()))
-}
-
-/// perf.data's header (`struct perf_file_header`): the data section's
-/// offset and size are at 40 and 48.
-const DATA_SECTION_AT: usize = 40;
 
 /// (file offset, return address) of every slot to write.
 fn patches(snapshot: &File, calls: &[Call]) -> io::Result<Vec<(u64, u64)>> {
