@@ -494,17 +494,27 @@ fn stacks(run: &Value) -> String {
     let mut s = String::from(
         "**Stacks: frame pointers vs DWARF, a target built with -fomit-frame-pointer at 999 Hz**\n\n",
     );
-    s.push_str("| --call-graph | samples | reach main | bytes per sample | perf CPU (s, start-up included) | a 16 MiB ring would reach back (s, derived: 16 MiB ÷ bytes per sample ÷ 999 Hz) |\n");
-    s.push_str("|---|---|---|---|---|---|\n");
+    s.push_str("| --call-graph | samples | reach main | bytes per sample | perf CPU (s, start-up included) | a 16 MiB ring would reach back (s, derived: 16 MiB ÷ bytes per sample ÷ 999 Hz) | × `dwarf,8192` |\n");
+    s.push_str("|---|---|---|---|---|---|---|\n");
+    let anchor = rows(&run["stacks"])
+        .into_iter()
+        .find(|r| r["mode"] == "dwarf,8192")
+        .and_then(|r| r["bytes_per_sample"].as_f64());
     for row in rows(&run["stacks"]) {
-        if let Some(line) = failed_row(&row, &label(&row, "mode"), 6) {
+        if let Some(line) = failed_row(&row, &label(&row, "mode"), 7) {
             let _ = writeln!(s, "{line}");
             continue;
         }
+        let times = anchor
+            .zip(row["bytes_per_sample"].as_f64())
+            .map_or("-".into(), |(a, b)| format!("{:.2}", a / b));
+        let mode = match row["chosen"].as_str() {
+            Some(c) => format!("{} → {c}", label(&row, "mode")),
+            None => label(&row, "mode"),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {}% | {} | {} | {} |",
-            label(&row, "mode"),
+            "| {mode} | {} | {}% | {} | {} | {} | {times} |",
             plain(&row["samples"]),
             cell(&row["reach_main_percent"], 0),
             f(&row["bytes_per_sample"]),
@@ -531,8 +541,12 @@ fn stack_need(v: &Value) -> String {
     for n in sizes {
         let _ = write!(s, "grafted at {n} | ");
     }
-    s.push_str("size for ≥ 99%, grafted | a ring reaches back, × `dwarf,8192` (derived) |\n");
-    let columns = 2 * sizes.len() + 5;
+    s.push_str(
+        "size for ≥ 99%, grafted | a ring reaches back, × `dwarf,8192` (derived) | `auto` \
+         measures (0.5 s, live) | whole there, grafted | its ring reaches back, × `dwarf,8192` \
+         (derived) |\n",
+    );
+    let columns = 2 * sizes.len() + 8;
     s.push_str(&"|---".repeat(columns));
     s.push_str("|\n");
     let at = |row: &Value, list: &str, n: u64, key: &str| {
@@ -560,13 +574,24 @@ fn stack_need(v: &Value) -> String {
         for n in sizes {
             let _ = write!(s, " {} |", at(&row, "grafted", n, "own_percent"));
         }
-        let _ = writeln!(
+        let _ = write!(
             s,
             " {} | {} → {} |",
             plain(&row["bytes_for_99_percent_grafted"]),
             cell(&row["reach_vs_8192"], 2),
             cell(&row["reach_vs_8192_grafted"], 2)
         );
+        let auto = &row["auto"];
+        let _ = match auto["failed"].as_str() {
+            Some(why) => writeln!(s, " failed ({why}) | - | - |"),
+            None => writeln!(
+                s,
+                " {} | {}% | {} |",
+                plain(&auto["bytes"]),
+                cell(&auto["whole_percent_grafted"], 1),
+                cell(&auto["reach_vs_8192"], 2)
+            ),
+        };
     }
     s
 }

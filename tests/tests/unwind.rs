@@ -195,6 +195,15 @@ fn stacks_reach_main_without_frame_pointers() {
             .is_some_and(|r| r.contains("no frame pointers") && r.contains("unwind_nofp")),
         "{a}"
     );
+    // The target waits for its go signal while the agent starts: no
+    // samples to measure its stacks by, so `auto`'s fixed size stays.
+    assert_eq!(a["unwinding"]["mode"], "dwarf,4096", "{a}");
+    assert!(
+        a["unwinding"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("stack copy not measured")),
+        "{a}"
+    );
     // 2 × 200 ms at 999 Hz: ~400 samples on an idle machine; far fewer
     // still mean something on a loaded one.
     assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
@@ -214,6 +223,42 @@ fn stacks_reach_main_without_frame_pointers() {
         "{reach} of {n} samples reach main with frame pointers on code without them: the \
          DWARF check above proves nothing"
     );
+}
+
+/// On a target that runs while the agent starts, `auto` measures the stack
+/// copy its DWARF samples need (report/stack_need.rs) and records with the
+/// smallest size that keeps ≥ 99% of them whole: the frame-pointer-less
+/// target spins four calls below `main`, which 512 bytes hold (the bench's
+/// stack-need table), and its moments' stacks still reach `main`.
+#[test]
+fn auto_records_with_the_copy_size_measured_on_a_busy_target() {
+    // 8 rounds of 400 ms: the target spins from before the agent starts
+    // until well after it is armed (~1.5 s).
+    let mut t = Target::start(&target_path("unwind_nofp"), &["8", "400"]);
+    t.go();
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let a = armed(&run);
+    let m = &a["unwinding"]["copy_measured"];
+    let bytes = m["bytes"].as_u64().unwrap_or_else(|| panic!("no copy measured: {a}"));
+    assert_eq!(a["unwinding"]["mode"], format!("dwarf,{bytes}"), "{a}");
+    assert!(bytes < 4096, "a shallow stack should need less than 4096 bytes: {a}");
+    assert!(m["samples"].as_u64().is_some_and(|n| n >= 100), "{a}");
+    assert!(m["whole_percent"].as_f64().is_some_and(|p| p >= 99.0), "{a}");
+    let debug = run.out.join(".debug");
+    let (mut n, mut reach) = (0, 0);
+    for (file, tid, ktime) in hit_files(&run) {
+        let (k, r) = moment_reach(&perf_script_cached(&file, &debug), tid, ktime, 200_000_000);
+        n += k;
+        reach += r;
+    }
+    eprintln!("dwarf,{bytes}: {reach} of {n} samples of the moments reach main");
+    assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
+    assert!(reach * 10 >= n * 9, "{reach} of {n} samples of the moments reach main");
 }
 
 /// The code and data sections of `elf` (loaded `PROGBITS`, but the

@@ -178,11 +178,6 @@ fn prepare(
     for (t, r) in plan.triggers.iter().zip(&mut resolved) {
         choose_uretprobe(t, r, printer);
     }
-    printer.verbose(&format!(
-        "stacks: --call-graph {} ({})",
-        unwinding.mode, unwinding.reason
-    ));
-    let recording = recording_for(&plan.settings, &unwinding);
     // Checked (and created) now, so a bad --output fails before perf runs;
     // tidied away on drop if nothing is written into it.
     let run_dir = OutputDir::prepare(&plan.output_dir(&index::local_timestamp()))?;
@@ -192,6 +187,14 @@ fn prepare(
         started.elapsed().as_secs_f64() * 1e3
     ));
     let loader = spawn_loader(plan, args, &resolved, version)?;
+    // While the programs load: the stack copy's size, measured on the
+    // target when `auto` chose DWARF.
+    let unwinding = measure_copy(unwinding, plan, &perf_path, &resolved, printer);
+    printer.verbose(&format!(
+        "stacks: --call-graph {} ({})",
+        unwinding.mode, unwinding.reason
+    ));
+    let recording = recording_for(&plan.settings, &unwinding);
     let event = plan
         .settings
         .event
@@ -661,6 +664,48 @@ fn decide_unwinding<'a>(
         .map(|(n, p)| (n.clone(), p.as_path()))
         .collect();
     unwind::decide(args.call_graph, &settings.perf_args, &refs).map_err(Failure::usage)
+}
+
+/// `unwinding` with its DWARF copy size measured on the traced processes
+/// (each `--pid` and its descendants; `report::stack_need`), when `auto`
+/// chose DWARF. A program started with the recording (`--exe`) has no
+/// stacks yet to measure; `auto`'s fixed size then stays.
+fn measure_copy(
+    unwinding: unwind::Unwinding,
+    plan: &Plan,
+    perf_path: &Path,
+    resolved: &[Resolved],
+    printer: &Printer,
+) -> unwind::Unwinding {
+    if !unwinding.measure_copy {
+        return unwinding;
+    }
+    let mut pids = Vec::new();
+    for r in resolved {
+        match r.watch {
+            Watch::Pid(pid) => {
+                pids.push(pid);
+                pids.extend(crate::sys::proc::descendants(pid, 256));
+            }
+            Watch::Exe { .. } => {
+                return unwinding.measured(Err("a program started with the recording".into()));
+            }
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    printer.verbose(&format!(
+        "stacks: measuring the stack copy DWARF samples need ({} process(es), {:.1} s)",
+        pids.len(),
+        crate::report::stack_need::MEASURE_FOR.as_secs_f64()
+    ));
+    let measured = tempfile::tempdir()
+        .map_err(|e| format!("a temporary directory: {e}"))
+        .and_then(|dir| {
+            let freq = plan.settings.freq;
+            crate::report::stack_need::measure(perf_path, &pids, freq, dir.path())
+        });
+    unwinding.measured(measured)
 }
 
 /// The -v line on what `OUT/.debug` keeps.

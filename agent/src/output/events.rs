@@ -716,6 +716,8 @@ mod tests {
             unwinding: crate::perf::unwind::Unwinding {
                 mode: "fp".into(),
                 reason: "test".into(),
+                measure_copy: false,
+                copy_measured: None,
             },
             off_cpu: true,
             go: false,

@@ -128,6 +128,8 @@ mod tests {
             unwinding: crate::perf::unwind::Unwinding {
                 mode: "fp".into(),
                 reason: "test".into(),
+                measure_copy: false,
+                copy_measured: None,
             },
             off_cpu: false,
             go: false,

@@ -21,16 +21,60 @@ use crate::{
 use serde::Serialize;
 
 /// The unwinding a run uses, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Unwinding {
-    /// perf's `--call-graph` value: `fp` or `dwarf,4096`; `pass-through`
+    /// perf's `--call-graph` value: `fp` or `dwarf,SIZE`; `pass-through`
     /// when perf arguments after `--` decide.
     pub mode: String,
     /// One phrase: what was found, or that the user chose.
     pub reason: String,
+    /// `auto` chose DWARF and the copy size is to be measured on the
+    /// target ([`Unwinding::measured`]).
+    #[serde(skip)]
+    pub measure_copy: bool,
+    /// What the measurement of the target's stacks found, when it ran
+    /// and chose the size (`report::stack_need`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy_measured: Option<Measured>,
+}
+
+/// The copy size `auto` measured on the target: the smallest that keeps
+/// the goal's share of the samples whole once the report grafts cut
+/// stacks (`report::stack_need`, docs/unwinding.md).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measured {
+    /// The copy size chosen, bytes.
+    pub bytes: u64,
+    /// Samples whole at that size once grafted, percent.
+    pub whole_percent: f64,
+    /// Samples recorded.
+    pub samples: usize,
+    /// Wall time of the measurement, recording and unwinding, ms.
+    pub ms: f64,
 }
 
 impl Unwinding {
+    /// The unwinding once the copy size was measured (`Ok`) or could not
+    /// be (`Err`, why: the fixed `auto` size stays, and the reason says so).
+    pub fn measured(self, m: Result<Measured, String>) -> Self {
+        match m {
+            Ok(m) => Unwinding {
+                mode: format!("dwarf,{}", m.bytes),
+                reason: format!(
+                    "{}; stack copy measured: {:.1}% of {} samples whole at {} bytes",
+                    self.reason, m.whole_percent, m.samples, m.bytes
+                ),
+                measure_copy: false,
+                copy_measured: Some(m),
+            },
+            Err(why) => Unwinding {
+                reason: format!("{}; stack copy not measured ({why})", self.reason),
+                measure_copy: false,
+                ..self
+            },
+        }
+    }
+
     /// The arguments for `perf record` (none when the pass-through decides).
     pub fn perf_args(&self) -> Vec<String> {
         if self.mode == "pass-through" {
@@ -64,6 +108,8 @@ pub fn decide(
             return Ok(Unwinding {
                 mode: "pass-through".into(),
                 reason: "chosen by the perf arguments after `--`".into(),
+                measure_copy: false,
+                copy_measured: None,
             });
         }
         (Some(CallGraph::Fp), _) => return Ok(chosen("fp")),
@@ -83,11 +129,15 @@ pub fn decide(
         Unwinding {
             mode: "fp".into(),
             reason: format!("frame pointers kept: {}", checked.join("; ")),
+            measure_copy: false,
+            copy_measured: None,
         }
     } else {
         Unwinding {
             mode: format!("dwarf,{}", crate::flags::parse::AUTO_DWARF_BYTES),
             reason: format!("no frame pointers: {}", without.join("; ")),
+            measure_copy: true,
+            copy_measured: None,
         }
     })
 }
@@ -105,6 +155,8 @@ fn chosen(mode: &str) -> Unwinding {
     Unwinding {
         mode: mode.into(),
         reason: "chosen with --call-graph".into(),
+        measure_copy: false,
+        copy_measured: None,
     }
 }
 

@@ -35,6 +35,7 @@ mod profiles;
 mod run_view;
 mod runinfo;
 mod samples;
+pub mod stack_need;
 mod timeline;
 mod timeline_page;
 mod wall_clock;

@@ -202,13 +202,13 @@ fn main() {
     );
 
     // `--only overhead|latency|storm|armed|waiting|stacks|stackneed|report|switch|snapshot|large|upload|bigbinary`
-    // runs one part.
+    // runs one part; a comma-separated list runs several.
     let only = args
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
-    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let part = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|p| p == name));
     let overhead = if part("overhead") {
         overhead(&plan, &object, &Select::from_args(&args))
     } else {
@@ -1530,10 +1530,21 @@ const RING_BYTES: f64 = 16.0 * 1024.0 * 1024.0;
 
 /// One run of the stacks table: the frame-pointer-less target spins four
 /// calls below main, then calls the trigger once; mt-agent records it with
-/// `--call-graph MODE` at 999 Hz.
+/// `--call-graph MODE` at 999 Hz. With `auto`, the target spins from
+/// before the agent starts (the agent measures the copy size on it), and
+/// for 2 s longer, as long as the measurement may take.
 fn stacks_run(plan: &Plan, mode: &str) -> Value {
     let spin_ms = if plan.quick { "500" } else { "5000" };
-    let mut t = Target::start(&target_path("unwind_nofp"), &["1", spin_ms]);
+    let auto = mode == "auto";
+    let spin_ms = if auto {
+        (spin_ms.parse::<u64>().unwrap() + 2000).to_string()
+    } else {
+        spin_ms.to_string()
+    };
+    let mut t = Target::start(&target_path("unwind_nofp"), &["1", &spin_ms]);
+    if auto {
+        t.go();
+    }
     let pid = t.pid().to_string();
     let mut a = Agent::start(&[
         "--pid",
@@ -1545,7 +1556,9 @@ fn stacks_run(plan: &Plan, mode: &str) -> Value {
         "--json",
     ]);
     a.wait_armed();
-    t.go();
+    if !auto {
+        t.go();
+    }
     t.wait(Duration::from_secs(60));
     let run = a.finish(FINISH);
     let failed = failure(&run);
@@ -1560,8 +1573,15 @@ fn stacks_run(plan: &Plan, mode: &str) -> Value {
     let bytes = dir_bytes(&run.out);
     let per_sample = bytes as f64 / samples.max(1) as f64;
     let perf_cpu = s["perf_cpu_s"].as_f64();
+    let chosen = run
+        .stdout
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "armed")
+        .and_then(|e| e["unwinding"]["mode"].as_str().map(str::to_string));
     let v = json!({
         "mode": mode,
+        "chosen": if auto { chosen } else { None },
         "samples": samples,
         "reach_main_percent": 100.0 * reach as f64 / samples.max(1) as f64,
         "snapshot_bytes": bytes,
@@ -1582,7 +1602,7 @@ fn stacks_run(plan: &Plan, mode: &str) -> Value {
 
 fn stacks(plan: &Plan) -> Value {
     Value::Array(
-        ["fp", "dwarf,4096", "dwarf,8192", "dwarf,16384"]
+        ["fp", "dwarf,4096", "dwarf,8192", "dwarf,16384", "auto"]
             .iter()
             .map(|m| stacks_run(plan, m))
             .collect(),

@@ -1,90 +1,36 @@
 //! How many bytes of stack a DWARF sample needs for perf to unwind it whole
-//! (issue 28 §4): the measurement behind the default `dwarf,SIZE`
+//! (issue 28 §4): the measurement behind `auto`'s `dwarf,SIZE`
 //! (docs/unwinding.md, "How much stack a sample needs").
 //!
 //! perf records the processes once with a large copy
-//! ([`FULL_BYTES`]). Each `PERF_SAMPLE_STACK_USER` part of a sample ends
-//! with `dyn_size`, the number of bytes the kernel did copy, and perf's
-//! unwinder reads no further than that (`evsel__parse_sample()` in perf's
-//! evsel code sets `user_stack.size` from it). So lowering `dyn_size` in
-//! the file to N shows, exactly, what a recording with `dwarf,N` would have
-//! unwound from the same samples. The file is patched in place for each
+//! ([`FULL_BYTES`]); the agent's own measurement
+//! (`mt_agent::report::stack_need`, which this file uses) explains how
+//! lowering each sample's `dyn_size` in the file shows exactly what
+//! `dwarf,N` would have unwound. The file is patched in place for each
 //! size, from the largest down, and `perf script` unwinds it each time: a
 //! sample is whole at N if its stack there is the stack it has with the
-//! full copy.
+//! full copy. Then the agent's own choice is measured on the same live
+//! processes, as a run with `--call-graph auto` makes it.
 
-use std::{
-    fs,
-    io::{Read, Seek, SeekFrom, Write},
-    path::Path,
-    process::Command,
+use std::{fs, path::Path, process::Command};
+
+use mt_agent::report::stack_need::{
+    FULL_BYTES, Stack, data_section, dyn_size_offsets_of, grafted_whole, script as perf_script, set_copy_size,
 };
-
-use mt_agent_tests::{Sample, parse_samples, perf_bin};
+use mt_agent_tests::perf_bin;
 
 use crate::stack_targets::{self, Loaded};
 use serde_json::{Value, json};
-
-/// The copy the reference recording asks for, bytes: 32 KiB, which a sample
-/// record (at most 64 KiB, its size being a `u16`) holds without the kernel
-/// shrinking it.
-pub const FULL_BYTES: u64 = 32768;
 
 /// The copy sizes tried, bytes, largest first.
 pub const SIZES: &[u64] = &[
     16384, 12288, 8192, 6144, 4096, 3072, 2048, 1536, 1024, 768, 512,
 ];
 
-/// Where each stack sample's `dyn_size` lies in a perf.data file, and its
-/// value: (file offset, bytes copied).
-///
-/// A sample record holding a user stack copy of `copy` bytes has
-/// `u64 size (= copy) | copy bytes | u64 dyn_size`, followed by the `u64`
-/// fields that come after `PERF_SAMPLE_STACK_USER` in perf_event_open(2)'s
-/// order: perf 6.1's `--call-graph dwarf` asks for one, `DATA_SRC`
-/// (`perf evlist -v`). A record is taken as one when, for some number of
-/// such fields (0 to 3), the `u64` `copy + 16` bytes before them is `copy`.
-pub fn stack_sizes(data: &[u8], data_offset: u64, copy: u64) -> Vec<(u64, u64)> {
-    const PERF_RECORD_SAMPLE: u32 = 9;
-    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap());
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while at + 8 <= data.len() {
-        let kind = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
-        let size = u16::from_le_bytes(data[at + 6..at + 8].try_into().unwrap()) as usize;
-        if size < 8 || at + size > data.len() {
-            break;
-        }
-        let end = at + size;
-        let stack_end = (0..4).filter_map(|t| end.checked_sub(8 * t)).find(|&e| {
-            e.checked_sub(copy as usize + 16)
-                .is_some_and(|c| c >= at + 8 && u64_at(c) == copy)
-        });
-        if let (PERF_RECORD_SAMPLE, Some(e)) = (kind, stack_end) {
-            out.push((data_offset + e as u64 - 8, u64_at(e - 8)));
-        }
-        at = end;
-    }
-    out
-}
-
-/// The data section of a perf.data file: (offset, size), from its header
-/// (`struct perf_file_header`: magic, size, attr_size, then the attrs'
-/// and the data's `{offset, size}`).
-fn data_section(file: &mut fs::File) -> std::io::Result<(u64, u64)> {
-    let mut h = [0u8; 56];
-    file.read_exact(&mut h)?;
-    if &h[0..8] != b"PERFILE2" {
-        return Err(std::io::Error::other("not a perf.data file"));
-    }
-    let at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
-    Ok((at(40), at(48)))
-}
-
 /// Of each sample, the smallest size of [`SIZES`] at which its stack is the
 /// one it has with the full copy, or `None` where none is: sizes are tried
 /// largest first, so `stacks[k]` is the stacks at `SIZES[k]`.
-pub fn needed(full: &[Sample], stacks: &[Vec<Sample>]) -> Vec<Option<u64>> {
+pub fn needed(full: &[Stack], stacks: &[Vec<Stack>]) -> Vec<Option<u64>> {
     full.iter()
         .enumerate()
         .map(|(i, s)| {
@@ -102,7 +48,7 @@ pub fn needed(full: &[Sample], stacks: &[Vec<Sample>]) -> Vec<Option<u64>> {
 
 /// Whether a stack reaches its thread's start: the outermost frame is
 /// where a process or a thread begins.
-fn reaches_start(s: &Sample) -> bool {
+fn reaches_start(s: &Stack) -> bool {
     s.frames.last().is_some_and(|f| {
         [
             "_start",
@@ -116,21 +62,8 @@ fn reaches_start(s: &Sample) -> bool {
     })
 }
 
-fn script(file: &Path) -> Vec<Sample> {
-    let out = Command::new(perf_bin().expect("perf"))
-        .args([
-            "script",
-            "--no-inline",
-            "-F",
-            "pid,tid,time,ip,sym",
-            "--ns",
-            "-i",
-        ])
-        .arg(file)
-        .output()
-        .expect("perf script");
-    assert!(out.status.success(), "perf script -i {}", file.display());
-    parse_samples(&String::from_utf8_lossy(&out.stdout))
+fn script(file: &Path) -> Vec<Stack> {
+    perf_script(&perf_bin().expect("perf"), file).expect("perf script")
 }
 
 /// Records `pids` for `seconds` at 999 Hz with a [`FULL_BYTES`] copy into
@@ -160,9 +93,39 @@ pub fn measure(name: &str, pids: &[u32], seconds: u64, dir: &Path) -> Value {
     if !ok {
         return json!({"target": name, "failed": "perf record failed"});
     }
-    let v = measure_file(name, &file);
+    let mut v = measure_file(name, &file);
     let _ = fs::remove_file(&file);
+    auto_choice(&mut v, pids, dir);
     v
+}
+
+/// What `--call-graph auto` chooses on the same live processes (the
+/// agent's own measurement, 0.5 s), how whole the 5 s recording's samples
+/// are at that size once grafted, and how much further back a ring of the
+/// same size then reaches than with perf's `dwarf,8192` (bytes per sample,
+/// derived from this file's).
+fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path) {
+    let pids: Vec<i32> = pids.iter().map(|&p| p as i32).collect();
+    let perf = perf_bin().expect("perf");
+    match mt_agent::report::stack_need::measure(&perf, &pids, 999, dir) {
+        Ok(m) => {
+            let other = v["other_bytes_per_sample"].as_f64().unwrap_or(0.0);
+            let grafted = v["grafted"].as_array().and_then(|g| {
+                g.iter()
+                    .find(|r| r["bytes"] == m.bytes)
+                    .map(|r| r["own_percent"].clone())
+            });
+            v["auto"] = json!({
+                "bytes": m.bytes,
+                "measured_whole_percent": m.whole_percent,
+                "measured_samples": m.samples,
+                "measure_ms": m.ms,
+                "whole_percent_grafted": grafted,
+                "reach_vs_8192": (8192.0 + other) / (m.bytes as f64 + other),
+            });
+        }
+        Err(why) => v["auto"] = json!({"failed": why}),
+    }
 }
 
 /// The table: each program of stack_targets.rs recorded for 5 s (2 s with
@@ -197,26 +160,17 @@ fn measure_file(name: &str, file: &Path) -> Value {
         .write(true)
         .open(file)
         .unwrap();
-    let (offset, size) = data_section(&mut f).unwrap();
-    let mut data = vec![0u8; size as usize];
-    f.seek(SeekFrom::Start(offset)).unwrap();
-    f.read_exact(&mut data).unwrap();
-    let sizes = stack_sizes(&data, offset, FULL_BYTES);
-    drop(data);
+    let sizes = dyn_size_offsets_of(&mut f).unwrap();
+    let (_, size) = data_section(&mut f).unwrap();
     let mut stacks = Vec::new();
     let mut grafted = Vec::new();
+    let reference = |i: usize| i.is_multiple_of(REFERENCE_EVERY);
     for &n in SIZES {
-        for (i, &(at, dyn_size)) in sizes.iter().enumerate() {
-            // Every REFERENCE_EVERY-th sample keeps its whole copy: a
-            // reference stream (see `grafted_whole`).
-            let keep = i.is_multiple_of(REFERENCE_EVERY);
-            f.seek(SeekFrom::Start(at)).unwrap();
-            f.write_all(&if keep { dyn_size } else { dyn_size.min(n) }.to_le_bytes())
-                .unwrap();
-        }
-        f.flush().unwrap();
+        // Every REFERENCE_EVERY-th sample keeps its whole copy: a
+        // reference stream (see `grafted_whole`).
+        set_copy_size(&mut f, &sizes, n, reference).unwrap();
         let at = script(file);
-        grafted.push(grafted_whole(&full, &at));
+        grafted.push(grafted_whole(&full, &at, reference));
         // The reference samples were left whole: their stacks at this
         // size are their cut ones, so `needed` reads them from the
         // unpatched pass above.
@@ -233,7 +187,7 @@ fn measure_file(name: &str, file: &Path) -> Value {
         .enumerate()
         .filter_map(|(i, n)| not_ref(i).then_some(n))
         .collect();
-    let full: Vec<Sample> = full
+    let full: Vec<Stack> = full
         .into_iter()
         .enumerate()
         .filter_map(|(i, s)| not_ref(i).then_some(s))
@@ -269,66 +223,8 @@ fn measure_file(name: &str, file: &Path) -> Value {
 /// 999 Hz ÷ 100, a reference stream of ~10 Hz.
 pub const REFERENCE_EVERY: usize = 100;
 
-/// Complete stacks, leaf first.
-type Stacks<'a> = Vec<&'a [String]>;
-
-/// Of the samples that are not references, the percentages whole (their
-/// stack at the full copy) after `report::graft` completes the cut ones:
-/// (from the other samples of the thread that are complete at this size,
-/// from those and the reference samples).
-fn grafted_whole(full: &[Sample], cut: &[Sample]) -> (f64, f64) {
-    use std::collections::{HashMap, HashSet};
-
-    use mt_agent::report::graft::{Complete, is_start};
-    // Each thread's distinct complete stacks: (not references, references).
-    let mut complete: HashMap<i32, (Stacks, Stacks)> = HashMap::new();
-    let mut seen = HashSet::new();
-    for (j, o) in cut.iter().enumerate() {
-        let reference = j.is_multiple_of(REFERENCE_EVERY);
-        if o.frames.last().is_some_and(|f| is_start(f))
-            && seen.insert((o.tid, reference, &o.frames))
-        {
-            let lists = complete.entry(o.tid).or_default();
-            if reference {
-                &mut lists.1
-            } else {
-                &mut lists.0
-            }
-            .push(o.frames.as_slice());
-        }
-    }
-    let unknown = |f: &String| f == "[unknown]";
-    // Per thread: (its own complete stacks, those and the references).
-    let indexed: HashMap<i32, (Complete<String>, Complete<String>)> = complete
-        .iter()
-        .map(|(tid, (mine, refs))| {
-            let all = mine.iter().chain(refs).copied();
-            (
-                *tid,
-                (Complete::new(mine.iter().copied()), Complete::new(all)),
-            )
-        })
-        .collect();
-    let (mut own, mut with_refs, mut n) = (0usize, 0usize, 0usize);
-    for (i, (s, f)) in cut.iter().zip(full).enumerate() {
-        if i.is_multiple_of(REFERENCE_EVERY) {
-            continue;
-        }
-        n += 1;
-        let whole = |with: Option<&Complete<String>>| {
-            let g = with.and_then(|c| c.graft(&s.frames, |f| is_start(f), unknown));
-            g.as_ref().unwrap_or(&s.frames) == &f.frames
-        };
-        let sets = indexed.get(&s.tid);
-        own += usize::from(whole(sets.map(|c| &c.0)));
-        with_refs += usize::from(whole(sets.map(|c| &c.1)));
-    }
-    let pct = |k: usize| 100.0 * k as f64 / n.max(1) as f64;
-    (pct(own), pct(with_refs))
-}
-
 /// Sizes whole for at least 99% of the samples, and the spread.
-fn row(name: &str, full: &[Sample], need: &[Option<u64>], stack_samples: usize) -> Value {
+fn row(name: &str, full: &[Stack], need: &[Option<u64>], stack_samples: usize) -> Value {
     let n = full.len().max(1) as f64;
     let whole_at = |size: u64| need.iter().filter(|m| m.is_some_and(|m| m <= size)).count();
     let per_size: Vec<Value> = SIZES
@@ -355,36 +251,9 @@ fn row(name: &str, full: &[Sample], need: &[Option<u64>], stack_samples: usize) 
 mod tests {
     use super::*;
 
-    fn record(kind: u32, body: &[u8]) -> Vec<u8> {
-        let mut r = Vec::new();
-        r.extend_from_slice(&kind.to_le_bytes());
-        r.extend_from_slice(&0u16.to_le_bytes());
-        r.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
-        r.extend_from_slice(body);
-        r
-    }
-
-    #[test]
-    fn finds_the_dyn_size_of_stack_samples_only() {
-        let copy = 32u64;
-        let mut sample = vec![7u8; 24]; // ip, pid/tid, time
-        sample.extend_from_slice(&copy.to_le_bytes());
-        sample.extend_from_slice(&[0xaa; 32]);
-        sample.extend_from_slice(&20u64.to_le_bytes());
-        sample.extend_from_slice(&0u64.to_le_bytes()); // DATA_SRC
-        let mut data = record(3, &[1u8; 16]); // a COMM record
-        let at = data.len();
-        data.extend(record(9, &sample));
-        data.extend(record(9, &[0u8; 16])); // a sample without a stack
-        let found = stack_sizes(&data, 1000, copy);
-        assert_eq!(found, vec![(1000 + at as u64 + 8 + 24 + 8 + 32, 20)]);
-    }
-
-    fn s(frames: &[&str]) -> Sample {
-        Sample {
-            pid: 1,
+    fn s(frames: &[&str]) -> Stack {
+        Stack {
             tid: 1,
-            time_ns: 0,
             frames: frames.iter().map(|f| f.to_string()).collect(),
         }
     }
