@@ -169,7 +169,11 @@ fn bench_quick_runs_every_part() {
         assert!((per_s - calls / secs).abs() <= 1e-9 * per_s.abs(), "{row}");
     }
     let stacks = r["stacks"].as_array().unwrap();
-    assert_eq!(stacks.len(), 5, "fp, dwarf,4096, dwarf,8192, dwarf,16384, auto");
+    assert_eq!(
+        stacks.len(),
+        5,
+        "fp, dwarf,4096, dwarf,8192, dwarf,16384, auto"
+    );
     for row in stacks {
         assert!(row["samples"].as_u64().unwrap() > 0, "{row}");
         assert!(row["bytes_per_sample"].as_f64().unwrap() > 0.0, "{row}");

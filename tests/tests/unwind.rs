@@ -244,11 +244,19 @@ fn auto_records_with_the_copy_size_measured_on_a_busy_target() {
     assert_eq!(run.code, Some(0), "{}", run.output());
     let a = armed(&run);
     let m = &a["unwinding"]["copy_measured"];
-    let bytes = m["bytes"].as_u64().unwrap_or_else(|| panic!("no copy measured: {a}"));
+    let bytes = m["bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no copy measured: {a}"));
     assert_eq!(a["unwinding"]["mode"], format!("dwarf,{bytes}"), "{a}");
-    assert!(bytes < 4096, "a shallow stack should need less than 4096 bytes: {a}");
+    assert!(
+        bytes < 4096,
+        "a shallow stack should need less than 4096 bytes: {a}"
+    );
     assert!(m["samples"].as_u64().is_some_and(|n| n >= 100), "{a}");
-    assert!(m["whole_percent"].as_f64().is_some_and(|p| p >= 99.0), "{a}");
+    assert!(
+        m["whole_percent"].as_f64().is_some_and(|p| p >= 99.0),
+        "{a}"
+    );
     let debug = run.out.join(".debug");
     let (mut n, mut reach) = (0, 0);
     for (file, tid, ktime) in hit_files(&run) {
@@ -258,7 +266,10 @@ fn auto_records_with_the_copy_size_measured_on_a_busy_target() {
     }
     eprintln!("dwarf,{bytes}: {reach} of {n} samples of the moments reach main");
     assert!(n >= 20, "only {n} samples in the moments\n{}", run.output());
-    assert!(reach * 10 >= n * 9, "{reach} of {n} samples of the moments reach main");
+    assert!(
+        reach * 10 >= n * 9,
+        "{reach} of {n} samples of the moments reach main"
+    );
 }
 
 /// The code and data sections of `elf` (loaded `PROGBITS`, but the

@@ -80,7 +80,10 @@ pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measu
     let chosen = out.and_then(|o| {
         if !o.status.success() {
             let err = String::from_utf8_lossy(&o.stderr);
-            return Err(format!("perf record: {}", err.lines().last().unwrap_or("failed")));
+            return Err(format!(
+                "perf record: {}",
+                err.lines().last().unwrap_or("failed")
+            ));
         }
         choose(perf, &file).map_err(|e| format!("unwinding the samples: {e}"))
     });
@@ -113,7 +116,9 @@ pub fn choose(perf: &Path, file: &Path) -> io::Result<(u64, f64, usize)> {
         set_copy_size(&mut f, &offsets, bytes, |_| false)?;
         let cut = script(perf, file)?;
         if cut.len() != full.len() {
-            return Err(io::Error::other("perf script gave another number of samples"));
+            return Err(io::Error::other(
+                "perf script gave another number of samples",
+            ));
         }
         Ok(grafted_whole(&full, &cut, |_| false).0)
     };
@@ -183,7 +188,10 @@ fn stack_end(body: &[u8], copy: u64) -> Option<(usize, u64)> {
     let u64_at = |o: usize| u64::from_le_bytes(body[o..o + 8].try_into().unwrap());
     let end = (0..4)
         .filter_map(|t| body.len().checked_sub(8 * t))
-        .find(|&e| e.checked_sub(copy as usize + 16).is_some_and(|c| u64_at(c) == copy))?;
+        .find(|&e| {
+            e.checked_sub(copy as usize + 16)
+                .is_some_and(|c| u64_at(c) == copy)
+        })?;
     Some((end, u64_at(end - 8)))
 }
 
@@ -219,7 +227,11 @@ pub fn set_copy_size(
     keep: impl Fn(usize) -> bool,
 ) -> io::Result<()> {
     for (i, &(at, dyn_size)) in offsets.iter().enumerate() {
-        let n = if keep(i) { dyn_size } else { dyn_size.min(bytes) };
+        let n = if keep(i) {
+            dyn_size
+        } else {
+            dyn_size.min(bytes)
+        };
         file.seek(SeekFrom::Start(at))?;
         file.write_all(&n.to_le_bytes())?;
     }
@@ -235,7 +247,10 @@ pub fn script(perf: &Path, file: &Path) -> io::Result<Vec<Stack>> {
         .stderr(Stdio::null())
         .output()?;
     if !out.status.success() {
-        return Err(io::Error::other(format!("perf script -i {}", file.display())));
+        return Err(io::Error::other(format!(
+            "perf script -i {}",
+            file.display()
+        )));
     }
     Ok(parse_script(&String::from_utf8_lossy(&out.stdout)))
 }
@@ -281,7 +296,11 @@ pub fn grafted_whole(
             && seen.insert((o.tid, reference, &o.frames))
         {
             let lists = complete.entry(o.tid).or_default();
-            let list = if reference { &mut lists.1 } else { &mut lists.0 };
+            let list = if reference {
+                &mut lists.1
+            } else {
+                &mut lists.0
+            };
             list.push(o.frames.as_slice());
         }
     }
@@ -352,7 +371,10 @@ mod tests {
         let s = parse_script(text);
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].tid, 8859);
-        assert_eq!(s[0].frames, ["main", "__libc_start_main@@GLIBC_2.34", "_start"]);
+        assert_eq!(
+            s[0].frames,
+            ["main", "__libc_start_main@@GLIBC_2.34", "_start"]
+        );
         assert_eq!(s[1].frames, ["f", "[unknown]"]);
     }
 
@@ -366,7 +388,11 @@ mod tests {
     #[test]
     fn a_cut_stack_counts_whole_once_grafted_from_its_own_thread() {
         let whole = st(1, &["f", "loop", "main", "_start"]);
-        let full = vec![whole.clone(), whole.clone(), st(2, &["g", "loop", "main", "_start"])];
+        let full = vec![
+            whole.clone(),
+            whole.clone(),
+            st(2, &["g", "loop", "main", "_start"]),
+        ];
         // Sample 1 lost main and _start: the graft from sample 0 completes
         // it. Thread 2's only sample is cut, with nothing to graft from.
         let cut = vec![

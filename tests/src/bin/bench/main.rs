@@ -208,7 +208,10 @@ fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
-    let part = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|p| p == name));
+    let part = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|p| p == name))
+    };
     let overhead = if part("overhead") {
         overhead(&plan, &object, &Select::from_args(&args))
     } else {

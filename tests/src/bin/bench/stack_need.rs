@@ -15,7 +15,8 @@
 use std::{fs, path::Path, process::Command};
 
 use mt_agent::report::stack_need::{
-    FULL_BYTES, Stack, data_section, dyn_size_offsets_of, grafted_whole, script as perf_script, set_copy_size,
+    FULL_BYTES, Stack, data_section, dyn_size_offsets_of, grafted_whole, script as perf_script,
+    set_copy_size,
 };
 use mt_agent_tests::perf_bin;
 
