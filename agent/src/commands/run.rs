@@ -292,8 +292,10 @@ fn recording_for(settings: &RunSettings, unwinding: &unwind::Unwinding) -> Recor
 }
 
 /// The flight-recorder ring for DWARF stacks unless told otherwise, bytes:
-/// ~4.4 KiB a sample at `dwarf,4096` (the `auto` choice), so ~3.8 s of one
-/// busy CPU at 999 Hz (~2 s at `dwarf,8192`).
+/// ~4.4 KiB a sample at `dwarf,4096` (`auto`'s size where it cannot
+/// measure the target), so ~3.8 s of one busy CPU at 999 Hz (~2 s at
+/// `dwarf,8192`); the sizes `auto` measures are mostly smaller
+/// (docs/unwinding.md, "How much stack a sample needs").
 const DWARF_FLIGHT_RING: u64 = 16 << 20;
 
 /// The kernel is recent enough, and we may trace each trigger's target.

@@ -162,8 +162,11 @@ pub struct RunArgs {
 
     /// How perf unwinds stacks: `fp` (frame pointers), `dwarf[,SIZE]` (a
     /// copy of SIZE bytes of stack per sample, default 8192), or `auto`:
-    /// `dwarf,4096` when the traced code has no frame pointers, else `fp`. A call-graph option
-    /// after `--` decides instead of `auto`. [default: auto]
+    /// `fp` when the traced code keeps frame pointers; else DWARF, its copy
+    /// size measured on the running target first (0.5 s: the smallest
+    /// size that keeps 99% of its samples whole), or 4096 where nothing
+    /// runs to measure. A call-graph option after `--` decides instead of
+    /// `auto`. [default: auto]
     #[arg(long, value_name = "MODE", value_parser = parse_request)]
     pub call_graph: Option<CallGraph>,
 

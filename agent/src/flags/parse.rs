@@ -5,12 +5,12 @@ use std::time::Duration;
 /// perf's own default stack copy for `--call-graph dwarf`, bytes.
 pub const DEFAULT_DWARF_BYTES: u32 = 8192;
 
-/// The stack copy `--call-graph auto` chooses DWARF with, bytes. Measured
-/// (docs/unwinding.md, "How much stack a sample needs"): with the report's
-/// graft of cut stacks it keeps as many samples whole as 8192 did without
-/// it on every program measured (nginx and the test targets 100%,
-/// PostgreSQL 96.8-97.2% against 96.9-97.3% over three runs), at half the
-/// bytes per sample.
+/// The stack copy `--call-graph auto` chooses DWARF with where it cannot
+/// measure the target's (`report::stack_need`: a target that hardly runs,
+/// or `--exe`), bytes. With the report's graft of cut stacks it keeps about
+/// as many samples whole as 8192 did without it on every program measured,
+/// at half the bytes per sample (docs/unwinding.md, "How much stack a
+/// sample needs").
 pub const AUTO_DWARF_BYTES: u32 = 4096;
 
 /// What `--call-graph` asks for.
