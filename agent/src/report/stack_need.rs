@@ -106,10 +106,14 @@ pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measu
 /// The smallest of [`CHOICES`] at which ≥ [`WHOLE_GOAL`] of the samples of
 /// `file` (recorded with a [`FULL_BYTES`] copy) are whole once grafted, by
 /// bisection (the share grows with the size); the largest choice when none
-/// is. Returns (bytes, percent whole there, samples). The file is patched
-/// in place.
+/// is. Returns (bytes, percent whole there, samples); with fewer than
+/// [`MIN_SAMPLES`] samples, (0, 0, samples). The file is patched in place.
 pub fn choose(perf: &Path, file: &Path) -> io::Result<(u64, f64, usize)> {
     let full = script(perf, file)?;
+    if full.len() < MIN_SAMPLES {
+        // Too few to measure by (see `measure`): nothing unwound again.
+        return Ok((0, 0.0, full.len()));
+    }
     let mut f = fs::OpenOptions::new().read(true).write(true).open(file)?;
     let offsets = dyn_size_offsets_of(&mut f)?;
     let mut at = |bytes: u64| -> io::Result<f64> {
