@@ -361,6 +361,19 @@ fn run_inject(perf: &Path, dir: &Path) -> Result<(), String> {
     ))
 }
 
+/// The data section of a perf.data file, (offset, size) in bytes, from its
+/// header (`struct perf_file_header`: the data's `{offset, size}` at
+/// [`DATA_SECTION_AT`]). Errors: not a little-endian perf.data file, I/O.
+pub fn data_section(file: &mut (impl Read + Seek)) -> io::Result<(u64, u64)> {
+    let mut h = [0u8; DATA_SECTION_AT + 16];
+    file.seek(SeekFrom::Start(0))?;
+    file.read_exact(&mut h)?;
+    if &h[..8] != b"PERFILE2" {
+        return Err(bad("not a little-endian perf.data file"));
+    }
+    Ok((u64_at(&h, DATA_SECTION_AT), u64_at(&h, DATA_SECTION_AT + 8)))
+}
+
 /// An open file opened again through `/proc/self/fd`, so that reading it
 /// moves no offset the caller shares.
 pub fn reopen(f: &File) -> io::Result<File> {

@@ -39,7 +39,7 @@ use linux_perf_data::{
 
 use crate::{
     output::index::{IndexedHit, PendingReturn},
-    report::jitdump::{DATA_SECTION_AT, reopen},
+    report::jitdump::{data_section, reopen},
 };
 
 /// One `--slower-than` call that a hit reported: its thread, when it ran
@@ -123,10 +123,7 @@ fn patches(snapshot: &File, calls: &[Call]) -> io::Result<Vec<(u64, u64)>> {
     }
     let by_id = ids_of(attrs);
     let mut src = reopen(snapshot)?;
-    let mut header = [0u8; 56];
-    src.read_exact(&mut header)?;
-    let at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
-    let (data_at, data_size) = (at(DATA_SECTION_AT), at(DATA_SECTION_AT + 8));
+    let (data_at, data_size) = data_section(&mut src)?;
     src.seek(SeekFrom::Start(data_at))?;
     let mut src = BufReader::with_capacity(1 << 20, src.take(data_size));
     let (mut pos, mut out, mut body) = (data_at, Vec::new(), Vec::new());

@@ -24,6 +24,7 @@ use std::{
 };
 
 use super::graft::{Complete, is_start};
+pub use super::jitdump::data_section;
 use crate::perf::unwind::Measured;
 
 /// The copy the reference recording asks for, bytes: 32 KiB, which a sample
@@ -202,24 +203,9 @@ fn stack_end(body: &[u8], copy: u64) -> Option<(usize, u64)> {
 /// [`dyn_size_offsets`] of an open perf.data file recorded with a
 /// [`FULL_BYTES`] copy.
 pub fn dyn_size_offsets_of(file: &mut fs::File) -> io::Result<Vec<(u64, u64)>> {
-    let (offset, size) = data_section(file)?;
+    let (offset, size) = super::jitdump::data_section(file)?;
     file.seek(SeekFrom::Start(offset))?;
     dyn_size_offsets(&mut *file, offset, size, FULL_BYTES)
-}
-
-/// The data section of a perf.data file, (offset, size) in bytes, from its
-/// header (`struct perf_file_header`: the data's `{offset, size}` at byte
-/// 40).
-pub fn data_section(file: &mut fs::File) -> io::Result<(u64, u64)> {
-    let mut h = [0u8; 56];
-    file.seek(SeekFrom::Start(0))?;
-    file.read_exact(&mut h)?;
-    if &h[0..8] != b"PERFILE2" {
-        return Err(io::Error::other("not a perf.data file"));
-    }
-    let at = super::jitdump::DATA_SECTION_AT;
-    let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
-    Ok((u64_at(at), u64_at(at + 8)))
 }
 
 /// Writes each sample's `dyn_size` as at most `bytes` (its own where
