@@ -127,11 +127,22 @@ pub fn choose(perf: &Path, file: &Path) -> io::Result<(u64, f64, usize)> {
         }
         Ok(grafted_whole(&full, &cut, |_| false).0)
     };
-    let (mut lo, mut hi) = (0, CHOICES.len() - 1);
+    let (bytes, pct) = smallest_whole(CHOICES, &mut at)?;
+    Ok((bytes, pct, full.len()))
+}
+
+/// Of `choices` (ascending), the first at which `at` (the percent whole
+/// there, growing with the size) reaches [`WHOLE_GOAL`], by bisection; the
+/// last when none does. Returns it and its percent.
+fn smallest_whole(
+    choices: &[u64],
+    at: &mut impl FnMut(u64) -> io::Result<f64>,
+) -> io::Result<(u64, f64)> {
+    let (mut lo, mut hi) = (0, choices.len() - 1);
     let mut found = None;
     while lo < hi {
         let mid = (lo + hi) / 2;
-        let pct = at(CHOICES[mid])?;
+        let pct = at(choices[mid])?;
         if pct >= WHOLE_GOAL {
             hi = mid;
             found = Some((mid, pct));
@@ -141,9 +152,9 @@ pub fn choose(perf: &Path, file: &Path) -> io::Result<(u64, f64, usize)> {
     }
     let pct = match found {
         Some((k, pct)) if k == lo => pct,
-        _ => at(CHOICES[lo])?,
+        _ => at(choices[lo])?,
     };
-    Ok((CHOICES[lo], pct, full.len()))
+    Ok((choices[lo], pct))
 }
 
 /// Where each stack sample's `dyn_size` lies in a perf.data file's data
@@ -366,6 +377,25 @@ mod tests {
             ["main", "__libc_start_main@@GLIBC_2.34", "_start"]
         );
         assert_eq!(s[1].frames, ["f", "[unknown]"]);
+    }
+
+    #[test]
+    fn the_smallest_size_reaching_the_goal_is_found_in_few_unwinds() {
+        // Whole from 1536 on: 99.5% there.
+        let pct = |b: u64| if b >= 1536 { 99.5 } else { 80.0 };
+        let mut asked = Vec::new();
+        let mut at = |b: u64| {
+            asked.push(b);
+            Ok(pct(b))
+        };
+        assert_eq!(smallest_whole(CHOICES, &mut at).unwrap(), (1536, 99.5));
+        assert!(asked.len() <= 4, "{asked:?}");
+        // None reaches it: the largest, with its own figure.
+        let mut low = |b: u64| Ok(b as f64 / 1000.0);
+        assert_eq!(smallest_whole(CHOICES, &mut low).unwrap(), (8192, 8.192));
+        // All do: the smallest.
+        let mut high = |_| Ok(100.0);
+        assert_eq!(smallest_whole(CHOICES, &mut high).unwrap(), (512, 100.0));
     }
 
     fn st(tid: i32, frames: &[&str]) -> Stack {
