@@ -543,10 +543,10 @@ fn stack_need(v: &Value) -> String {
     }
     s.push_str(
         "size for ≥ 99%, grafted | a ring reaches back, × `dwarf,8192` (derived) | `auto` \
-         measures (0.5 s, live) | whole there, grafted | its ring reaches back, × `dwarf,8192` \
-         (derived) |\n",
+         measures (0.5 s, live) | whole there, grafted | and with its donors | its ring \
+         reaches back, × `dwarf,8192` (derived) |\n",
     );
-    let columns = 2 * sizes.len() + 8;
+    let columns = 2 * sizes.len() + 10;
     s.push_str(&"|---".repeat(columns));
     s.push_str("|\n");
     let at = |row: &Value, list: &str, n: u64, key: &str| {
@@ -583,12 +583,13 @@ fn stack_need(v: &Value) -> String {
         );
         let auto = &row["auto"];
         let _ = match auto["failed"].as_str() {
-            Some(why) => writeln!(s, " failed ({why}) | - | - |"),
+            Some(why) => writeln!(s, " failed ({why}) | - | - | - |"),
             None => writeln!(
                 s,
-                " {} | {}% | {} |",
+                " {} | {}% | {}% | {} |",
                 plain(&auto["bytes"]),
                 cell(&auto["whole_percent_grafted"], 1),
+                cell(&auto["whole_percent_with_donors"], 1),
                 cell(&auto["reach_vs_8192"], 2)
             ),
         };

@@ -38,6 +38,7 @@ use crate::{
         events::{Armed, Printer, Summary},
         index,
         index::OutputDir,
+        run_file::StackDonors,
     },
     perf,
     perf::{
@@ -63,7 +64,8 @@ pub async fn run(
     // Input that needs no system access first.
     let plan = plan(&args)?;
     check_system(&plan)?;
-    let prepared = prepare(&plan, &args, &printer, started)?;
+    let mut prepared = prepare(&plan, &args, &printer, started)?;
+    let donors = std::mem::take(&mut prepared.donors);
     let run_dir = prepared.run_dir.path.clone();
     // Handlers go in before anything can take long, so that a signal is a
     // clean end from here on.
@@ -80,7 +82,7 @@ pub async fn run(
         log_symcache(&printer, &kept);
     }
     let code = summarise(&printer, &plan, outcome, armed, &run_dir, started);
-    crate::report::record_triggers(&run_dir, &armed_events, &printer);
+    crate::report::record_triggers(&run_dir, &armed_events, &donors, &printer);
     if args.report {
         crate::report::after_run(&run_dir, plan.settings.perf.as_deref(), &printer, args.json);
     }
@@ -142,6 +144,8 @@ struct Prepared {
     event: String,
     recording: Recording,
     unwinding: unwind::Unwinding,
+    /// `auto`'s measurement's whole stacks, for run.json.
+    donors: StackDonors,
     /// Kept until the run ends: tidied away on drop if nothing was written.
     run_dir: OutputDir,
     loader: JoinHandle<Result<Probes, Failure>>,
@@ -189,7 +193,7 @@ fn prepare(
     let loader = spawn_loader(plan, args, &resolved, version)?;
     // While the programs load: the stack copy's size, measured on the
     // target when `auto` chose DWARF.
-    let unwinding = measure_copy(unwinding, plan, &perf_path, &resolved, printer);
+    let (unwinding, donors) = measure_copy(unwinding, plan, &perf_path, &resolved, printer);
     printer.verbose(&format!(
         "stacks: --call-graph {} ({})",
         unwinding.mode, unwinding.reason
@@ -212,6 +216,7 @@ fn prepare(
         event,
         recording,
         unwinding,
+        donors,
         run_dir,
         loader,
         triggers,
@@ -670,7 +675,7 @@ fn decide_unwinding<'a>(
 
 /// `unwinding` with its DWARF copy size measured on the traced processes
 /// (each `--pid` and its descendants; `report::stack_need`), when `auto`
-/// chose DWARF. A program started with the recording (`--exe`) has no
+/// chose DWARF, and the measurement's whole stacks for run.json. A program started with the recording (`--exe`) has no
 /// stacks yet to measure; `auto`'s fixed size then stays.
 fn measure_copy(
     unwinding: unwind::Unwinding,
@@ -678,9 +683,9 @@ fn measure_copy(
     perf_path: &Path,
     resolved: &[Resolved],
     printer: &Printer,
-) -> unwind::Unwinding {
+) -> (unwind::Unwinding, StackDonors) {
     if !unwinding.measure_copy {
-        return unwinding;
+        return (unwinding, StackDonors::default());
     }
     let mut pids = Vec::new();
     for r in resolved {
@@ -690,7 +695,8 @@ fn measure_copy(
                 pids.extend(crate::sys::proc::descendants(pid, 256));
             }
             Watch::Exe { .. } => {
-                return unwinding.measured(Err("a program started with the recording".into()));
+                let why = "a program started with the recording";
+                return (unwinding.measured(Err(why.into())), StackDonors::default());
             }
         }
     }
@@ -707,7 +713,10 @@ fn measure_copy(
             let freq = plan.settings.freq;
             crate::report::stack_need::measure(perf_path, &pids, freq, dir.path())
         });
-    unwinding.measured(measured)
+    match measured {
+        Ok(m) => (unwinding.measured(Ok(m.measured)), m.donors),
+        Err(why) => (unwinding.measured(Err(why)), StackDonors::default()),
+    }
 }
 
 /// The -v line on what `OUT/.debug` keeps.

@@ -42,11 +42,41 @@ pub struct Trigger {
 #[derive(Debug, Serialize, Deserialize)]
 struct RunFile {
     triggers: Vec<Trigger>,
+    /// Absent in older files and in runs that did not measure one.
+    #[serde(default, skip_serializing_if = "StackDonors::is_empty")]
+    stack_donors: StackDonors,
+}
+
+/// Whole stacks of the traced threads, unwound from the 32 KiB copies of
+/// `--call-graph auto`'s measurement before the run
+/// (`report::stack_need`): the report grafts a snapshot's cut DWARF stacks
+/// from them as well as from the snapshot's own whole ones
+/// (`report::samples`, docs/unwinding.md, "What `auto` measures"). Each
+/// distinct (thread, stack) once.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackDonors {
+    /// The frames' objects (perf's `dso`), which `frames` name by index.
+    pub objects: Vec<String>,
+    pub stacks: Vec<DonorStack>,
+}
+
+/// One whole stack of one thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DonorStack {
+    pub tid: u32,
+    /// Leaf first: (symbol as the report names it, index in `objects`).
+    pub frames: Vec<(String, u32)>,
+}
+
+impl StackDonors {
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
 }
 
 /// Writes `out/run.json` when the run left snapshots in `out`; a failure
 /// is a warning (the report then names no trigger function).
-pub fn write(out: &Path, armed: &[Armed]) -> Result<(), String> {
+pub fn write(out: &Path, armed: &[Armed], donors: &StackDonors) -> Result<(), String> {
     let has_snapshots =
         super::runs::discover(out).is_ok_and(|runs| runs.iter().any(|r| !r.entries.is_empty()));
     if !has_snapshots {
@@ -69,7 +99,11 @@ pub fn write(out: &Path, armed: &[Armed]) -> Result<(), String> {
             go: a.go,
         })
         .collect();
-    let text = serde_json::to_vec(&RunFile { triggers }).map_err(|e| e.to_string())?;
+    let file = RunFile {
+        triggers,
+        stack_donors: donors.clone(),
+    };
+    let text = serde_json::to_vec(&file).map_err(|e| e.to_string())?;
     super::write::replace(&out.join(RUN_FILE), &text).map_err(|e| e.to_string())
 }
 
@@ -84,16 +118,27 @@ pub fn parse_triggers(text: &[u8]) -> Option<Vec<Trigger>> {
 /// above it (up to OUT): the trigger whose directory is the index's, or
 /// its parent (`--exe`: `<trigger dir>/<pid>`).
 pub fn trigger_of(out: &Path, run: &RunDir) -> Option<Trigger> {
+    let (file, rel) = nearest(out, run)?;
+    file.triggers
+        .into_iter()
+        .find(|t| t.dir == rel || Some(t.dir.as_path()) == rel.parent())
+}
+
+/// The stack donors of an index directory's run, from the nearest
+/// `run.json` at or above it; none when there is no such file.
+pub fn donors_of(out: &Path, run: &RunDir) -> StackDonors {
+    nearest(out, run).map(|(f, _)| f.stack_donors).unwrap_or_default()
+}
+
+/// The nearest `run.json` at or above an index directory (up to OUT), and
+/// the directory's path relative to the file's.
+fn nearest(out: &Path, run: &RunDir) -> Option<(RunFile, PathBuf)> {
     let mut base = Some(run.rel.as_path());
     while let Some(b) = base {
         let opened = Dir::open(out).and_then(|d| d.open_file(&b.join(RUN_FILE), Scope::Beneath));
         if let Ok(f) = opened {
             let file: RunFile = serde_json::from_slice(&f.read_all(MAX_RUN_FILE).ok()?).ok()?;
-            let rel = run.rel.strip_prefix(b).ok()?;
-            return file
-                .triggers
-                .into_iter()
-                .find(|t| t.dir == rel || Some(t.dir.as_path()) == rel.parent());
+            return Some((file, run.rel.strip_prefix(b).ok()?.to_path_buf()));
         }
         base = b.parent();
     }
@@ -143,7 +188,7 @@ mod tests {
         let mut a = [armed(out.join("api"), "f"), armed(out.join("db"), "g")];
         a[0].go = true;
         // No snapshot: no file.
-        write(out, &a).unwrap();
+        write(out, &a, &StackDonors::default()).unwrap();
         assert!(!out.join(RUN_FILE).exists());
         std::fs::create_dir_all(out.join("api/42")).unwrap();
         std::fs::write(
@@ -151,14 +196,23 @@ mod tests {
             "{\"kind\":\"tail\",\"file\":\"perf.data.1\"}\n",
         )
         .unwrap();
-        write(out, &a).unwrap();
+        let donors = StackDonors {
+            objects: vec!["/bin/x".into()],
+            stacks: vec![DonorStack {
+                tid: 42,
+                frames: vec![("f".into(), 0), ("main".into(), 0)],
+            }],
+        };
+        write(out, &a, &donors).unwrap();
         let runs = crate::output::runs::discover(out).unwrap();
         let t = trigger_of(out, &runs[0]).unwrap();
         assert_eq!((t.symbol.as_str(), t.go), ("f", true));
+        assert_eq!(donors_of(out, &runs[0]), donors);
         // From a copy, given the trigger's directory as OUT: no run.json
         // at or above it.
         let sub = out.join("api");
         let runs = crate::output::runs::discover(&sub).unwrap();
         assert!(trigger_of(&sub, &runs[0]).is_none());
+        assert!(donors_of(&sub, &runs[0]).is_empty());
     }
 }

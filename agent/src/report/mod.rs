@@ -149,9 +149,15 @@ pub fn after_run(out: &Path, perf: Option<&Path>, printer: &Printer, json: bool)
 }
 
 /// Records the run's triggers in `out/run.json` for the report (see
-/// [`run_file`]); a failure is a warning.
-pub fn record_triggers(out: &Path, armed: &[crate::output::events::Armed], printer: &Printer) {
-    if let Err(e) = run_file::write(out, armed) {
+/// [`run_file`]), with the whole stacks of `auto`'s measurement (`donors`,
+/// [`run_file::StackDonors`]); a failure is a warning.
+pub fn record_triggers(
+    out: &Path,
+    armed: &[crate::output::events::Armed],
+    donors: &run_file::StackDonors,
+    printer: &Printer,
+) {
+    if let Err(e) = run_file::write(out, armed, donors) {
         printer.warning(&format!(
             "cannot write {}: {e}",
             out.join(run_file::RUN_FILE).display()

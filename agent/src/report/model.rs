@@ -20,6 +20,7 @@ use super::{
 };
 use crate::output::{
     index::{IndexedHit, SnapshotLine},
+    run_file::{self, StackDonors},
     runs::{RunDir, open_in},
 };
 
@@ -133,9 +134,12 @@ pub fn build(
     jobs: usize,
     pprof: bool,
 ) -> Vec<FileReport> {
-    let work: Vec<(&RunDir, usize, &SnapshotLine<'static>)> = runs
+    // Each run's `auto` measurement stacks, read once (run.json).
+    let donors: Vec<StackDonors> = runs.iter().map(|r| run_file::donors_of(&r.out, r)).collect();
+    let work: Vec<(&RunDir, &StackDonors, usize, &SnapshotLine<'static>)> = runs
         .iter()
-        .flat_map(|r| r.entries.iter().enumerate().map(move |(i, e)| (r, i, e)))
+        .zip(&donors)
+        .flat_map(|(r, d)| r.entries.iter().enumerate().map(move |(i, e)| (r, d, i, e)))
         .collect();
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<(usize, FileReport)>> = Mutex::new(Vec::new());
@@ -144,10 +148,10 @@ pub fn build(
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((run, pos, line)) = work.get(i) else {
+                    let Some((run, donors, pos, line)) = work.get(i) else {
                         break;
                     };
-                    let r = one_file(run, *pos, line, perf, window_ns, pprof);
+                    let r = one_file(run, donors, *pos, line, perf, window_ns, pprof);
                     done.lock().expect("not poisoned").push((i, r));
                 }
             });
@@ -160,6 +164,7 @@ pub fn build(
 
 fn one_file(
     run: &RunDir,
+    donors: &StackDonors,
     pos: usize,
     line: &SnapshotLine<'static>,
     perf: &Path,
@@ -196,7 +201,8 @@ fn one_file(
             }),
             _ => {
                 let calls = pending_returns::calls_of(&snapshot.hits);
-                samples::read(perf, run.buildid_dir.as_deref(), &f, &calls).map_err(Status::Corrupt)
+                samples::read(perf, run.buildid_dir.as_deref(), &f, &calls, donors)
+                    .map_err(Status::Corrupt)
             }
         },
     };

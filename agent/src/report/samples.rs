@@ -18,8 +18,27 @@ use std::{
 
 use crate::{
     capture::jit_maps,
+    output::run_file::{DonorStack, StackDonors},
     report::{graft, jitdump, pending_returns},
 };
+
+/// Each thread's distinct complete stacks, in the order given (the first
+/// a cut stack passes through is the one grafted from).
+fn complete_by_thread<'a>(
+    stacks: impl Iterator<Item = (u32, &'a [(u32, u32)])>,
+) -> HashMap<u32, graft::Complete<'a, (u32, u32)>> {
+    let mut by_thread: HashMap<u32, Vec<&'a [(u32, u32)]>> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for (tid, s) in stacks {
+        if seen.insert((tid, s)) {
+            by_thread.entry(tid).or_default().push(s);
+        }
+    }
+    by_thread
+        .into_iter()
+        .map(|(tid, s)| (tid, graft::Complete::new(s)))
+        .collect()
+}
 
 /// The fields asked of `perf script`: thread, time (ns with `--ns`), the
 /// event's name and a tracepoint's fields (`trace`), and the call chain as
@@ -118,14 +137,15 @@ impl Samples {
     }
 
     /// Completes the stacks cut where their DWARF copy ended
-    /// (report/graft.rs) from the distinct complete stacks of their thread
-    /// in this file, CPU and `sched_switch` ones alike. Which samples have
-    /// DWARF copies comes from perf's command line: the CPU samples with
-    /// `--call-graph dwarf`, the `sched_switch` ones then and when their
-    /// event has its own (`sched:sched_switch/call-graph=dwarf,...`, the
-    /// off-CPU breakdown of a frame-pointer run). A frame-pointer stack is
-    /// not cut by a copy's size, and is left as it is.
-    pub fn graft_cut_stacks(&mut self) {
+    /// (report/graft.rs) from the distinct complete stacks of their thread:
+    /// this file's, CPU and `sched_switch` ones alike, then the run's
+    /// `donors` (the whole stacks of `auto`'s measurement, run.json). Which
+    /// samples have DWARF copies comes from perf's command line: the CPU
+    /// samples with `--call-graph dwarf`, the `sched_switch` ones then and
+    /// when their event has its own (`sched:sched_switch/call-graph=dwarf,...`,
+    /// the off-CPU breakdown of a frame-pointer run). A frame-pointer stack
+    /// is not cut by a copy's size, and is left as it is.
+    pub fn graft_cut_stacks(&mut self, donors: &StackDonors) {
         let cmdline = self.cmdline.as_deref().unwrap_or("");
         let cpu_dwarf = ["--call-graph dwarf", "--call-graph=dwarf"]
             .iter()
@@ -134,6 +154,7 @@ impl Samples {
         if !switch_dwarf {
             return;
         }
+        let donated = self.intern_donors(donors);
         let start: Vec<bool> = self.names.iter().map(|n| graft::is_start(n)).collect();
         let unknown = self.ids.get("[unknown]").copied();
         // Frames with their objects: a grafted frame brings its own.
@@ -144,35 +165,25 @@ impl Samples {
             .zip(self.frame_objects.iter().copied())
             .collect();
         let range = |s: &Sample| s.start as usize..(s.start + s.len) as usize;
-        let is_complete = |s: &Sample| self.stack(s).last().is_some_and(|&f| start[f as usize]);
-        let mut complete: HashMap<u32, Vec<std::ops::Range<usize>>> = HashMap::new();
-        let mut seen = std::collections::HashSet::new();
+        let ends_at_start = |s: &[(u32, u32)]| s.last().is_some_and(|&(f, _)| start[f as usize]);
         let all = || {
             self.samples
                 .iter()
                 .chain(self.sched_switch_samples.iter().map(|s| &s.sample))
         };
-        for s in all().filter(|s| is_complete(s)) {
-            if seen.insert((s.tid, self.stack(s))) {
-                complete.entry(s.tid).or_default().push(range(s));
-            }
-        }
-        let complete: HashMap<u32, graft::Complete<(u32, u32)>> = complete
-            .into_iter()
-            .map(|(tid, r)| (tid, graft::Complete::new(r.into_iter().map(|r| &pairs[r]))))
-            .collect();
+        let own = all().map(|s| (s.tid, &pairs[range(s)]));
+        let given = donated.iter().map(|(tid, s)| (*tid, s.as_slice()));
+        let complete = complete_by_thread(own.chain(given).filter(|(_, s)| ends_at_start(s)));
         let mut grown = Vec::new();
         let cpu = self.samples.len();
         let copied = |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf };
-        for (k, s) in all()
-            .enumerate()
-            .filter(|(k, s)| copied(*k) && !is_complete(s))
-        {
-            let Some(refs) = complete.get(&s.tid) else {
+        for (k, s) in all().enumerate().filter(|(k, _)| copied(*k)) {
+            let cut = &pairs[range(s)];
+            let Some(refs) = complete.get(&s.tid).filter(|_| !ends_at_start(cut)) else {
                 continue;
             };
             let stack = refs.graft(
-                &pairs[range(s)],
+                cut,
                 |&(f, _)| start[f as usize],
                 |&(f, _)| Some(f) == unknown,
             );
@@ -182,6 +193,57 @@ impl Samples {
         }
         self.grafted = grown.len();
         self.replace_stacks(grown);
+    }
+
+    /// `donors`' stacks as this file's (frame, object) ids, with their
+    /// threads; a stack naming an object `donors` does not hold is left out.
+    fn intern_donors(&mut self, donors: &StackDonors) -> Vec<(u32, Vec<(u32, u32)>)> {
+        let objects: Vec<u32> = donors.objects.iter().map(|o| self.object(o)).collect();
+        let mut out = Vec::with_capacity(donors.stacks.len());
+        for d in &donors.stacks {
+            let frames: Option<Vec<(u32, u32)>> = d
+                .frames
+                .iter()
+                .map(|(name, o)| Some((self.intern(name), *objects.get(*o as usize)?)))
+                .collect();
+            out.extend(frames.map(|f| (d.tid, f)));
+        }
+        out
+    }
+
+    /// The distinct complete CPU-sample stacks of each thread (ending in a
+    /// thread-start frame), in file order, as [`StackDonors`], until they
+    /// take about `max_bytes` of JSON (each frame counted as its name and
+    /// object index).
+    pub fn whole_stacks(&self, max_bytes: usize) -> StackDonors {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = StackDonors {
+            objects: self.objects.clone(),
+            stacks: Vec::new(),
+        };
+        let mut bytes = 0;
+        for s in &self.samples {
+            let stack = self.stack(s);
+            let whole = stack.last().is_some_and(|&f| graft::is_start(self.name(f)));
+            if !whole || !seen.insert((s.tid, stack)) {
+                continue;
+            }
+            let frames: Vec<(String, u32)> = stack
+                .iter()
+                .map(|&f| self.name(f).to_string())
+                .zip(self.objects(s).map(|o| self.object_index(o)))
+                .collect();
+            bytes += frames.iter().map(|(n, _)| n.len() + 8).sum::<usize>() + 24;
+            if bytes > max_bytes {
+                break;
+            }
+            out.stacks.push(DonorStack { tid: s.tid, frames });
+        }
+        out
+    }
+
+    fn object_index(&self, dso: &str) -> u32 {
+        self.objects.iter().position(|o| o == dso).unwrap_or(0) as u32
     }
 
     /// Gives sample `k` (CPU samples first, then `sched_switch` ones) the
@@ -271,12 +333,15 @@ pub fn perf_command(perf: &Path, buildid_dir: Option<&Path>) -> Command {
 ///
 /// `calls` are the snapshot's `--slower-than` calls: their return
 /// addresses are first written back into a copy's stack copies
-/// ([`pending_returns::repair`]), which perf then reads.
+/// ([`pending_returns::repair`]), which perf then reads. Cut DWARF stacks
+/// are then grafted, from the file's whole stacks and the run's `donors`
+/// ([`Samples::graft_cut_stacks`]).
 pub fn read(
     perf: &Path,
     buildid_dir: Option<&Path>,
     file: &File,
     calls: &[pending_returns::Call],
+    donors: &StackDonors,
 ) -> Result<Samples, String> {
     let jit = JitView::of(file, buildid_dir);
     let repaired = pending_returns::repair(file, calls);
@@ -346,8 +411,21 @@ pub fn read(
     }
     samples.returns_restored = restored;
     samples.returns_error = repaired.err();
-    samples.graft_cut_stacks();
+    samples.graft_cut_stacks(donors);
     Ok(samples)
+}
+
+/// The samples of a perf.data file as the report reads them (the same
+/// fields and frame names), without JIT code, repair or graft: the
+/// stacks of `auto`'s measurement (report/stack_need.rs).
+pub fn read_plain(perf: &Path, file: &Path) -> Result<Samples, String> {
+    let mut cmd = perf_command(perf, None);
+    cmd.args(["script", "--header", "--ns", "-F", FIELDS, "-i"])
+        .arg(file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    run_script(perf, &mut cmd)
 }
 
 /// Runs the `perf script` command `cmd` (stdout and stderr piped) and
@@ -684,7 +762,7 @@ mod tests {
             n.join(";")
         };
         let mut s = parse(CUT_RUN.as_bytes()).unwrap();
-        s.graft_cut_stacks();
+        s.graft_cut_stacks(&StackDonors::default());
         assert_eq!(s.grafted, 2);
         assert_eq!(names(&s, &s.samples[1]), "other;serve;loop;main;_start");
         let objects: Vec<&str> = s.objects(&s.samples[1]).collect();
@@ -698,7 +776,7 @@ mod tests {
         // A frame-pointer run is left as it is.
         let fp = CUT_RUN.replace("--call-graph dwarf,1536", "--call-graph fp");
         let mut s = parse(fp.as_bytes()).unwrap();
-        s.graft_cut_stacks();
+        s.graft_cut_stacks(&StackDonors::default());
         assert_eq!(
             (s.grafted, names(&s, &s.samples[1]).as_str()),
             (0, "other;serve;loop;[unknown]")
@@ -709,11 +787,55 @@ mod tests {
             "--call-graph fp -e sched:sched_switch/call-graph=dwarf,stack-size=1024/",
         );
         let mut s = parse(breakdown.as_bytes()).unwrap();
-        s.graft_cut_stacks();
+        s.graft_cut_stacks(&StackDonors::default());
         assert_eq!(s.grafted, 1);
         assert_eq!(names(&s, &s.samples[1]), "other;serve;loop;[unknown]");
         let blocked = &s.sched_switch_samples[0].sample;
         assert_eq!(names(&s, blocked), "schedule;read;serve;loop;main;_start");
+    }
+
+    #[test]
+    fn cut_stacks_are_completed_from_the_runs_donors_after_the_files_own() {
+        let names = |s: &Samples, x: &Sample| -> String {
+            let n: Vec<&str> = s.stack(x).iter().map(|&i| s.name(i)).collect();
+            n.join(";")
+        };
+        // The measurement's whole stacks, as the report reads them: thread
+        // 7's is kept, each distinct stack once.
+        let whole = parse(CUT_RUN.as_bytes()).unwrap();
+        let mut donors = whole.whole_stacks(1 << 20);
+        assert_eq!(donors.stacks.len(), 1);
+        assert_eq!(donors.stacks[0].tid, 7);
+        // Thread 8 has none of its own: a donor of its own thread
+        // completes it, with the donor's objects.
+        let srv = donors.objects.iter().position(|o| o == "/srv").unwrap() as u32;
+        let lib = donors.objects.len() as u32;
+        donors.objects.push("/lib/start.so".into());
+        // A stack naming an object the donors lack is left out.
+        donors.stacks.push(DonorStack {
+            tid: 8,
+            frames: vec![("serve".into(), srv), ("loop".into(), lib + 1)],
+        });
+        donors.stacks.push(DonorStack {
+            tid: 8,
+            frames: vec![
+                ("serve".into(), srv),
+                ("loop".into(), srv),
+                ("main".into(), srv),
+                ("__libc_start_main".into(), lib),
+            ],
+        });
+        let mut s = parse(CUT_RUN.as_bytes()).unwrap();
+        s.graft_cut_stacks(&donors);
+        assert_eq!(s.grafted, 3);
+        let eight = &s.samples[2];
+        assert_eq!(names(&s, eight), "other;serve;loop;main;__libc_start_main");
+        let objects: Vec<&str> = s.objects(eight).collect();
+        assert_eq!(objects, ["/srv", "/srv", "/srv", "/srv", "/lib/start.so"]);
+        // Thread 7's own complete stack comes first.
+        assert_eq!(names(&s, &s.samples[1]), "other;serve;loop;main;_start");
+        // A byte budget keeps fewer.
+        assert!(whole.whole_stacks(10).is_empty());
     }
 
     #[test]

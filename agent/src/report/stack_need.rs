@@ -25,7 +25,7 @@ use std::{
 
 use super::graft::{Complete, is_start};
 pub use super::jitdump::data_section;
-use crate::perf::unwind::Measured;
+use crate::{output::run_file::StackDonors, perf::unwind::Measured};
 
 /// The copy the reference recording asks for, bytes: 32 KiB, which a sample
 /// record (at most 64 KiB, its size being a `u16`) holds without the kernel
@@ -58,12 +58,61 @@ pub struct Stack {
     pub frames: Vec<String>,
 }
 
+/// The most of the measurement's whole stacks kept for the report, bytes
+/// of JSON in run.json (whose reader takes at most 1 MiB): a few hundred
+/// distinct stacks.
+pub const DONOR_BYTES: usize = 256 << 10;
+
+/// What the measurement found.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    pub measured: Measured,
+    /// The recording's whole stacks as the report names them, for it to
+    /// graft snapshots' cut stacks from (run.json).
+    pub donors: StackDonors,
+    /// Every sample's stack as [`script`] unwound it from the whole copy,
+    /// in time order (the bench judges its own recording against them).
+    pub stacks: Vec<Stack>,
+}
+
 /// Records `pids` for [`MEASURE_FOR`] at `freq` Hz with a [`FULL_BYTES`]
-/// copy (a file in `dir`, removed after), then chooses the size
-/// ([`choose`]). Errors: perf failed, or too few samples (one line each).
-pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measured, String> {
+/// copy (a file in `dir`, removed after), keeps its whole stacks as
+/// donors, then chooses the size ([`choose`]). Errors: perf failed, or too
+/// few samples (one line each).
+pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measurement, String> {
     let started = Instant::now();
     let file = dir.join("stack-need.data");
+    let recorded = record(perf, pids, freq, &file);
+    let chosen = recorded.and_then(|()| {
+        let donors = super::samples::read_plain(perf, &file)?.whole_stacks(DONOR_BYTES);
+        let (chosen, stacks) = choose(perf, &file).map_err(|e| format!("unwinding the samples: {e}"))?;
+        Ok((chosen, donors, stacks))
+    });
+    let _ = fs::remove_file(&file);
+    let ((bytes, whole_percent), donors, stacks) = chosen?;
+    if stacks.len() < MIN_SAMPLES {
+        return Err(format!(
+            "{} samples in {:.1} s (fewer than {MIN_SAMPLES}: the target hardly ran)",
+            stacks.len(),
+            MEASURE_FOR.as_secs_f64()
+        ));
+    }
+    let measured = Measured {
+        bytes,
+        whole_percent,
+        samples: stacks.len(),
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    };
+    Ok(Measurement {
+        measured,
+        donors,
+        stacks,
+    })
+}
+
+/// `perf record` of `pids` into `file` for [`MEASURE_FOR`] with a
+/// [`FULL_BYTES`] copy.
+fn record(perf: &Path, pids: &[i32], freq: u32, file: &Path) -> Result<(), String> {
     let list: Vec<String> = pids.iter().map(i32::to_string).collect();
     let out = crate::perf::binary::command(perf)
         // -B, --no-buildid-cache: no build-id pass at the end, nothing in
@@ -72,51 +121,39 @@ pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measu
         .args(["-e", "cpu-clock", "-F", &freq.to_string(), "--call-graph"])
         .arg(format!("dwarf,{FULL_BYTES}"))
         .args(["-p", &list.join(","), "-o"])
-        .arg(&file)
+        .arg(file)
         .args(["--", "sleep", &format!("{}", MEASURE_FOR.as_secs_f64())])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .output()
-        .map_err(|e| format!("perf record: {e}"));
-    let chosen = out.and_then(|o| {
-        if !o.status.success() {
-            let err = String::from_utf8_lossy(&o.stderr);
-            return Err(format!(
-                "perf record: {}",
-                err.lines().last().unwrap_or("failed")
-            ));
-        }
-        choose(perf, &file).map_err(|e| format!("unwinding the samples: {e}"))
-    });
-    let _ = fs::remove_file(&file);
-    let (bytes, whole_percent, samples) = chosen?;
-    if samples < MIN_SAMPLES {
-        return Err(format!(
-            "{samples} samples in {:.1} s (fewer than {MIN_SAMPLES}: the target hardly ran)",
-            MEASURE_FOR.as_secs_f64()
-        ));
+        .map_err(|e| format!("perf record: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("failed");
+        return Err(format!("perf record: {last}"));
     }
-    Ok(Measured {
-        bytes,
-        whole_percent,
-        samples,
-        ms: started.elapsed().as_secs_f64() * 1e3,
-    })
+    Ok(())
 }
 
 /// The smallest of [`CHOICES`] at which ≥ [`WHOLE_GOAL`] of the samples of
 /// `file` (recorded with a [`FULL_BYTES`] copy) are whole once grafted, by
 /// bisection (the share grows with the size); the largest choice when none
-/// is. Returns (bytes, percent whole there, samples); with fewer than
-/// [`MIN_SAMPLES`] samples, (0, 0, samples). The file is patched in place.
-pub fn choose(perf: &Path, file: &Path) -> io::Result<(u64, f64, usize)> {
+/// is. The run's report grafts a snapshot's cut stacks from its own whole
+/// ones and from this recording's (the donors), so the size is judged as
+/// that: on the recording's second half, cut to the size and grafted from
+/// its own whole stacks and then from the first half's whole copies.
+/// Returns (bytes, percent whole there) and every sample's whole-copy
+/// stack; with fewer than [`MIN_SAMPLES`] samples, (0, 0). The file is
+/// patched in place.
+pub fn choose(perf: &Path, file: &Path) -> io::Result<((u64, f64), Vec<Stack>)> {
     let full = script(perf, file)?;
     if full.len() < MIN_SAMPLES {
         // Too few to measure by (see `measure`): nothing unwound again.
-        return Ok((0, 0.0, full.len()));
+        return Ok(((0, 0.0), full));
     }
     let mut f = fs::OpenOptions::new().read(true).write(true).open(file)?;
     let offsets = dyn_size_offsets_of(&mut f)?;
+    let half = full.len() / 2;
     let mut at = |bytes: u64| -> io::Result<f64> {
         set_copy_size(&mut f, &offsets, bytes, |_| false)?;
         let cut = script(perf, file)?;
@@ -125,10 +162,20 @@ pub fn choose(perf: &Path, file: &Path) -> io::Result<(u64, f64, usize)> {
                 "perf script gave another number of samples",
             ));
         }
-        Ok(grafted_whole(&full, &cut, |_| false).0)
+        Ok(whole_after_donors(&full[..half], &full[half..], &cut[half..]))
     };
-    let (bytes, pct) = smallest_whole(CHOICES, &mut at)?;
-    Ok((bytes, pct, full.len()))
+    let chosen = smallest_whole(CHOICES, &mut at)?;
+    Ok((chosen, full))
+}
+
+/// Of the samples `cut` (their whole stacks in `full`), the percent whole
+/// once grafted from the thread's complete stacks in `cut`, then from
+/// `donors` (whole stacks of the same threads), as the report grafts.
+pub fn whole_after_donors(donors: &[Stack], full: &[Stack], cut: &[Stack]) -> f64 {
+    let n = donors.len();
+    let whole: Vec<Stack> = donors.iter().chain(full).cloned().collect();
+    let judged: Vec<Stack> = donors.iter().chain(cut).cloned().collect();
+    grafted_whole(&whole, &judged, |i| i < n).1
 }
 
 /// Of `choices` (ascending), the first at which `at` (the percent whole

@@ -16,7 +16,7 @@ use std::{fs, path::Path, process::Command};
 
 use mt_agent::report::stack_need::{
     FULL_BYTES, Stack, data_section, dyn_size_offsets_of, grafted_whole, script as perf_script,
-    set_copy_size,
+    set_copy_size, whole_after_donors,
 };
 use mt_agent_tests::perf_bin;
 
@@ -95,38 +95,49 @@ pub fn measure(name: &str, pids: &[u32], seconds: u64, dir: &Path) -> Value {
         return json!({"target": name, "failed": "perf record failed"});
     }
     let mut v = measure_file(name, &file);
+    auto_choice(&mut v, pids, dir, &file);
     let _ = fs::remove_file(&file);
-    auto_choice(&mut v, pids, dir);
     v
 }
 
 /// What `--call-graph auto` chooses on the same live processes (the
 /// agent's own measurement, 0.5 s), how whole the 5 s recording's samples
-/// are at that size once grafted, and how much further back a ring of the
-/// same size then reaches than with perf's `dwarf,8192` (bytes per sample,
-/// derived from this file's).
-fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path) {
+/// (`file`) are at that size once grafted as the run's report grafts them
+/// (from their own thread's whole stacks, then from the measurement's),
+/// and how much further back a ring of the same size then reaches than
+/// with perf's `dwarf,8192` (bytes per sample, derived from this file's).
+fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path, file: &Path) {
     let pids: Vec<i32> = pids.iter().map(|&p| p as i32).collect();
     let perf = perf_bin().expect("perf");
-    match mt_agent::report::stack_need::measure(&perf, &pids, 999, dir) {
-        Ok(m) => {
-            let other = v["other_bytes_per_sample"].as_f64().unwrap_or(0.0);
-            let grafted = v["grafted"].as_array().and_then(|g| {
-                g.iter()
-                    .find(|r| r["bytes"] == m.bytes)
-                    .map(|r| r["own_percent"].clone())
-            });
-            v["auto"] = json!({
-                "bytes": m.bytes,
-                "measured_whole_percent": m.whole_percent,
-                "measured_samples": m.samples,
-                "measure_ms": m.ms,
-                "whole_percent_grafted": grafted,
-                "reach_vs_8192": (8192.0 + other) / (m.bytes as f64 + other),
-            });
+    let m = match mt_agent::report::stack_need::measure(&perf, &pids, 999, dir) {
+        Ok(m) => m,
+        Err(why) => {
+            v["auto"] = json!({"failed": why});
+            return;
         }
-        Err(why) => v["auto"] = json!({"failed": why}),
-    }
+    };
+    let bytes = m.measured.bytes;
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let sizes = dyn_size_offsets_of(&mut f).unwrap();
+    set_copy_size(&mut f, &sizes, FULL_BYTES, |_| false).unwrap();
+    let full = script(file);
+    set_copy_size(&mut f, &sizes, bytes, |_| false).unwrap();
+    let cut = script(file);
+    let other = v["other_bytes_per_sample"].as_f64().unwrap_or(0.0);
+    v["auto"] = json!({
+        "bytes": bytes,
+        "measured_whole_percent": m.measured.whole_percent,
+        "measured_samples": m.measured.samples,
+        "measure_ms": m.measured.ms,
+        "donor_stacks": m.donors.stacks.len(),
+        "whole_percent_grafted": grafted_whole(&full, &cut, |_| false).0,
+        "whole_percent_with_donors": whole_after_donors(&m.stacks, &full, &cut),
+        "reach_vs_8192": (8192.0 + other) / (bytes as f64 + other),
+    });
 }
 
 /// The table: each program of stack_targets.rs recorded for 5 s (2 s with
