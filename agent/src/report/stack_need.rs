@@ -326,6 +326,20 @@ pub fn parse_script(text: &str) -> Vec<Stack> {
 /// Complete stacks, leaf first.
 type Stacks<'a> = Vec<&'a [String]>;
 
+/// Whether `got` is as whole as `full` (the same sample unwound from the
+/// whole copy): the same stack, or, where perf could not unwind even the
+/// whole copy to the thread's start (its last frames `[unknown]`), a stack
+/// that holds all of `full`'s named frames and goes on to the start (a
+/// graft from a stack that did reach it).
+fn holds(got: &[String], full: &[String]) -> bool {
+    if got == full {
+        return true;
+    }
+    let named = full.len() - full.iter().rev().take_while(|f| *f == "[unknown]").count();
+    let reaches = |s: &[String]| s.last().is_some_and(|f| is_start(f));
+    !reaches(full) && reaches(got) && got.len() > named && got[..named] == full[..named]
+}
+
 /// Of the samples of `cut` that are not references (`is_reference(i)`),
 /// the percentages whole (their stack in `full`, the same samples unwound
 /// from the whole copy) once [`Complete::graft`] completes the cut ones, as
@@ -369,7 +383,7 @@ pub fn grafted_whole(
         n += 1;
         let whole = |with: Option<&Complete<String>>| {
             let g = with.and_then(|c| c.graft(&s.frames, |f| is_start(f), unknown));
-            g.as_ref().unwrap_or(&s.frames) == &f.frames
+            holds(g.as_ref().unwrap_or(&s.frames), &f.frames)
         };
         let sets = indexed.get(&s.tid);
         own += usize::from(whole(sets.map(|c| &c.0)));
@@ -472,5 +486,38 @@ mod tests {
         // As a reference, sample 0 is not counted, and still completes 1.
         let (own, refs) = grafted_whole(&full, &cut, |i| i == 0);
         assert_eq!((own, refs), (0.0, 50.0));
+    }
+
+    #[test]
+    fn the_measurements_donors_complete_what_the_samples_cannot() {
+        // Thread 2's samples are all cut; the donors (earlier whole copies
+        // of the same threads) hold its start.
+        let donors = vec![
+            st(2, &["h", "g", "loop", "main", "_start"]),
+            st(3, &["g", "loop", "other_main", "_start"]),
+        ];
+        let full = vec![st(2, &["g", "loop", "main", "_start"])];
+        let cut = vec![st(2, &["g", "loop", "[unknown]"])];
+        assert_eq!(whole_after_donors(&donors, &full, &cut), 100.0);
+        // Another thread's donor does not count.
+        assert_eq!(whole_after_donors(&donors[1..], &full, &cut), 0.0);
+        // A wrong graft is not whole: the donor's outer frames differ.
+        let full = vec![st(2, &["g", "loop", "serve", "main", "_start"])];
+        assert_eq!(whole_after_donors(&donors, &full, &cut), 0.0);
+    }
+
+    #[test]
+    fn a_graft_beyond_what_the_whole_copy_unwound_holds_it() {
+        let s = |f: &[&str]| f.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+        let full = s(&["f", "loop", "[unknown]"]);
+        // The same stack, or one that holds all of it and reaches the start.
+        assert!(holds(&full, &full));
+        assert!(holds(&s(&["f", "loop", "main", "_start"]), &full));
+        // Not: one that does not reach the start, or changes a frame.
+        assert!(!holds(&s(&["f", "loop", "work"]), &full));
+        assert!(!holds(&s(&["f", "serve", "main", "_start"]), &full));
+        // Where the whole copy reached the start, only that stack holds it.
+        let whole = s(&["f", "loop", "main", "_start"]);
+        assert!(!holds(&s(&["f", "loop", "x", "main", "_start"]), &whole));
     }
 }

@@ -122,8 +122,8 @@ fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path, file: &Path) {
         .write(true)
         .open(file)
         .unwrap();
+    // As recorded: `measure_file` left each sample's own `dyn_size`.
     let sizes = dyn_size_offsets_of(&mut f).unwrap();
-    set_copy_size(&mut f, &sizes, FULL_BYTES, |_| false).unwrap();
     let full = script(file);
     set_copy_size(&mut f, &sizes, bytes, |_| false).unwrap();
     let cut = script(file);
@@ -188,6 +188,9 @@ fn measure_file(name: &str, file: &Path) -> Value {
         // unpatched pass above.
         stacks.push(at);
     }
+    // The file as recorded again (`sizes` holds each sample's own
+    // `dyn_size`), for `auto_choice`.
+    set_copy_size(&mut f, &sizes, FULL_BYTES, |_| false).unwrap();
     // What a sample holds besides its stack copy, from this file: its data
     // section's bytes per stack sample, less the copy.
     let other = (size as f64 / sizes.len().max(1) as f64 - FULL_BYTES as f64).max(0.0);
