@@ -56,6 +56,13 @@ pub fn is_start(name: &str) -> bool {
 const ANCHOR: usize = 3;
 const MIN_ANCHOR: usize = 2;
 
+/// A cut stack with one named frame (a function with a big frame, such as
+/// a parser's stack-allocated tables) is completed from that frame alone
+/// only where at least this many distinct complete stacks pass through it
+/// and all go on the same way below it: one caller chain, whatever the
+/// frames above.
+const ONE_FRAME_AGREEING: usize = 2;
+
 /// One thread's complete stacks (leaf first, each ending in a start
 /// frame), in order of preference, indexed by each pair of neighbouring
 /// frames: a report's file has thousands of samples, and each cut one
@@ -64,18 +71,31 @@ pub struct Complete<'a, T> {
     stacks: Vec<&'a [T]>,
     /// (frame, its outer neighbour) → (stack, position of the frame).
     pairs: HashMap<(&'a T, &'a T), Vec<(usize, usize)>>,
+    /// frame → (stack, its outermost position there).
+    outermost: HashMap<&'a T, Vec<(usize, usize)>>,
 }
 
 impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
     pub fn new(stacks: impl IntoIterator<Item = &'a [T]>) -> Self {
         let stacks: Vec<&'a [T]> = stacks.into_iter().collect();
         let mut pairs: HashMap<(&'a T, &'a T), Vec<(usize, usize)>> = HashMap::new();
+        let mut outermost: HashMap<&'a T, Vec<(usize, usize)>> = HashMap::new();
         for (n, s) in stacks.iter().enumerate() {
             for (at, w) in s.windows(2).enumerate() {
                 pairs.entry((&w[0], &w[1])).or_default().push((n, at));
             }
+            let mut seen = std::collections::HashSet::new();
+            for (at, f) in s.iter().enumerate().rev() {
+                if seen.insert(f) {
+                    outermost.entry(f).or_default().push((n, at));
+                }
+            }
         }
-        Complete { stacks, pairs }
+        Complete {
+            stacks,
+            pairs,
+            outermost,
+        }
     }
 
     /// `cut` (leaf first) completed from the first stack that holds the cut
@@ -118,7 +138,24 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
                 return Some(out);
             }
         }
-        None
+        let last = cut.get(named.checked_sub(1)?).filter(|f| !is_unknown(f))?;
+        let below = self.one_frame(last)?;
+        let mut out = cut[..named].to_vec();
+        out.extend_from_slice(below);
+        Some(out)
+    }
+
+    /// What lies below `frame` in every complete stack that holds it (from
+    /// its outermost place in each), if at least [`ONE_FRAME_AGREEING`]
+    /// do and all agree.
+    fn one_frame(&self, frame: &T) -> Option<&'a [T]> {
+        let places = self.outermost.get(frame)?;
+        if places.len() < ONE_FRAME_AGREEING {
+            return None;
+        }
+        let mut below = places.iter().map(|&(n, at)| &self.stacks[n][at + 1..]);
+        let first = below.next()?;
+        (!first.is_empty() && below.all(|b| b == first)).then_some(first)
     }
 }
 
@@ -160,9 +197,14 @@ mod tests {
         assert_eq!(g("x;b;c;main;_start", &[full]), None);
         // Its outermost frames are in no complete stack.
         assert_eq!(g("x;y;z", &[full]), None);
-        // One common frame is not enough: two in a row must match.
+        // One common frame is not enough: two in a row must match...
         assert_eq!(g("q;r;c", &[full]), None);
         assert_eq!(g("c", &[full]), None);
+        // ...unless several complete stacks hold it, and all go on alike
+        // below it.
+        let other = "d;c;main;_start";
+        assert_eq!(g("q;r;c", &[full, other]), Some("q;r;c;main;_start".into()));
+        assert_eq!(g("q;r;c", &[full, "d;c;run;main;_start"]), None);
         assert_eq!(g("[unknown];[unknown]", &[full]), None);
         // The first complete stack that matches is taken, the longest
         // match first.
