@@ -127,7 +127,9 @@ pub fn trigger_of(out: &Path, run: &RunDir) -> Option<Trigger> {
 /// The stack donors of an index directory's run, from the nearest
 /// `run.json` at or above it; none when there is no such file.
 pub fn donors_of(out: &Path, run: &RunDir) -> StackDonors {
-    nearest(out, run).map(|(f, _)| f.stack_donors).unwrap_or_default()
+    nearest(out, run)
+        .map(|(f, _)| f.stack_donors)
+        .unwrap_or_default()
 }
 
 /// The nearest `run.json` at or above an index directory (up to OUT), and

@@ -135,7 +135,10 @@ pub fn build(
     pprof: bool,
 ) -> Vec<FileReport> {
     // Each run's `auto` measurement stacks, read once (run.json).
-    let donors: Vec<StackDonors> = runs.iter().map(|r| run_file::donors_of(&r.out, r)).collect();
+    let donors: Vec<StackDonors> = runs
+        .iter()
+        .map(|r| run_file::donors_of(&r.out, r))
+        .collect();
     let work: Vec<(&RunDir, &StackDonors, usize, &SnapshotLine<'static>)> = runs
         .iter()
         .zip(&donors)

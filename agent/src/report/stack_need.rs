@@ -85,7 +85,8 @@ pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measu
     let recorded = record(perf, pids, freq, &file);
     let chosen = recorded.and_then(|()| {
         let donors = super::samples::read_plain(perf, &file)?.whole_stacks(DONOR_BYTES);
-        let (chosen, stacks) = choose(perf, &file).map_err(|e| format!("unwinding the samples: {e}"))?;
+        let (chosen, stacks) =
+            choose(perf, &file).map_err(|e| format!("unwinding the samples: {e}"))?;
         Ok((chosen, donors, stacks))
     });
     let _ = fs::remove_file(&file);
@@ -162,7 +163,11 @@ pub fn choose(perf: &Path, file: &Path) -> io::Result<((u64, f64), Vec<Stack>)> 
                 "perf script gave another number of samples",
             ));
         }
-        Ok(whole_after_donors(&full[..half], &full[half..], &cut[half..]))
+        Ok(whole_after_donors(
+            &full[..half],
+            &full[half..],
+            &cut[half..],
+        ))
     };
     let chosen = smallest_whole(CHOICES, &mut at)?;
     Ok((chosen, full))
