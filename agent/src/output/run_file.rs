@@ -8,7 +8,9 @@
 //! ```
 //!
 //! `dir` is the trigger's output directory relative to the file's own
-//! directory, so the file stays right when OUT is copied elsewhere.
+//! directory, so the file stays right when OUT is copied elsewhere. A run
+//! whose `--call-graph auto` measured its DWARF copy also keeps the
+//! measurement's whole stacks there (`stack_donors`, [`StackDonors`]).
 
 use std::path::{Path, PathBuf};
 
