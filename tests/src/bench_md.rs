@@ -582,8 +582,13 @@ fn stack_need(v: &Value) -> String {
             cell(&row["reach_vs_8192_grafted"], 2)
         );
         let auto = &row["auto"];
-        let _ = match auto["failed"].as_str() {
-            Some(why) => writeln!(s, " failed ({why}) | - | - | - |"),
+        let not = |k: &str| {
+            auto[k]
+                .as_str()
+                .map(|why| format!("{} ({why})", k.replace('_', " ")))
+        };
+        let _ = match not("failed").or_else(|| not("not_measured")) {
+            Some(why) => writeln!(s, " {why} | - | - | - |"),
             None => writeln!(
                 s,
                 " {} | {}% | {}% | {} |",
