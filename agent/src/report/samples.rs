@@ -228,10 +228,11 @@ impl Samples {
             if !whole || !seen.insert((s.tid, stack)) {
                 continue;
             }
+            let objects = &self.frame_objects[s.start as usize..(s.start + s.len) as usize];
             let frames: Vec<(String, u32)> = stack
                 .iter()
                 .map(|&f| self.name(f).to_string())
-                .zip(self.objects(s).map(|o| self.object_index(o)))
+                .zip(objects.iter().copied())
                 .collect();
             bytes += frames.iter().map(|(n, _)| n.len() + 8).sum::<usize>() + 24;
             if bytes > max_bytes {
@@ -240,10 +241,6 @@ impl Samples {
             out.stacks.push(DonorStack { tid: s.tid, frames });
         }
         out
-    }
-
-    fn object_index(&self, dso: &str) -> u32 {
-        self.objects.iter().position(|o| o == dso).unwrap_or(0) as u32
     }
 
     /// Gives sample `k` (CPU samples first, then `sched_switch` ones) the
