@@ -712,6 +712,7 @@ fn measure_copy(
         .and_then(|dir| {
             let freq = plan.settings.freq;
             crate::report::stack_need::measure(perf_path, &pids, freq, dir.path())
+                .map_err(|why| why.to_string())
         });
     match measured {
         Ok(m) => (unwinding.measured(Ok(m.measured)), m.donors),

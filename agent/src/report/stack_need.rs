@@ -75,11 +75,38 @@ pub struct Measurement {
     pub stacks: Vec<Stack>,
 }
 
+/// Why the measurement chose no size (`auto` then keeps its fixed one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotMeasured {
+    /// Fewer than [`MIN_SAMPLES`] samples in [`MEASURE_FOR`]: the target
+    /// hardly ran.
+    TooFewSamples(usize),
+    /// perf failed, or its output could not be read: one line.
+    Failed(String),
+}
+
+impl std::fmt::Display for NotMeasured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotMeasured::TooFewSamples(n) => write!(
+                f,
+                "{n} samples in {:.1} s (fewer than {MIN_SAMPLES}: the target hardly ran)",
+                MEASURE_FOR.as_secs_f64()
+            ),
+            NotMeasured::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Records `pids` for [`MEASURE_FOR`] at `freq` Hz with a [`FULL_BYTES`]
 /// copy (a file in `dir`, removed after), keeps its whole stacks as
-/// donors, then chooses the size ([`choose`]). Errors: perf failed, or too
-/// few samples (one line each).
-pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measurement, String> {
+/// donors, then chooses the size ([`choose`]).
+pub fn measure(
+    perf: &Path,
+    pids: &[i32],
+    freq: u32,
+    dir: &Path,
+) -> Result<Measurement, NotMeasured> {
     let started = Instant::now();
     let file = dir.join("stack-need.data");
     let recorded = record(perf, pids, freq, &file);
@@ -90,13 +117,9 @@ pub fn measure(perf: &Path, pids: &[i32], freq: u32, dir: &Path) -> Result<Measu
         Ok((chosen, donors, stacks))
     });
     let _ = fs::remove_file(&file);
-    let ((bytes, whole_percent), donors, stacks) = chosen?;
+    let ((bytes, whole_percent), donors, stacks) = chosen.map_err(NotMeasured::Failed)?;
     if stacks.len() < MIN_SAMPLES {
-        return Err(format!(
-            "{} samples in {:.1} s (fewer than {MIN_SAMPLES}: the target hardly ran)",
-            stacks.len(),
-            MEASURE_FOR.as_secs_f64()
-        ));
+        return Err(NotMeasured::TooFewSamples(stacks.len()));
     }
     let measured = Measured {
         bytes,

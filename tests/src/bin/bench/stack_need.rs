@@ -15,7 +15,7 @@
 use std::{fs, path::Path, process::Command};
 
 use mt_agent::report::stack_need::{
-    FULL_BYTES, MIN_SAMPLES, Stack, data_section, dyn_size_offsets_of, grafted_whole,
+    FULL_BYTES, NotMeasured, Stack, data_section, dyn_size_offsets_of, grafted_whole,
     script as perf_script, set_copy_size, whole_after_donors,
 };
 use mt_agent_tests::perf_bin;
@@ -114,12 +114,12 @@ fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path, file: &Path) {
         // Too few samples in 0.5 s is the agent's own fallback (it keeps
         // 4096 and says so), not a failed row: the demo's bursty load
         // gave 77-99 samples in some quick runs.
-        Err(why) if why.contains(&format!("fewer than {MIN_SAMPLES}")) => {
-            v["auto"] = json!({"not_measured": why});
+        Err(why @ NotMeasured::TooFewSamples(_)) => {
+            v["auto"] = json!({"not_measured": why.to_string()});
             return;
         }
         Err(why) => {
-            v["auto"] = json!({"failed": why});
+            v["auto"] = json!({"failed": why.to_string()});
             return;
         }
     };
