@@ -124,11 +124,7 @@ fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path, file: &Path) {
         }
     };
     let bytes = m.measured.bytes;
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
+    let mut f = open_to_patch(file);
     // As recorded: `measure_file` left each sample's own `dyn_size`.
     let sizes = dyn_size_offsets_of(&mut f).unwrap();
     let full = script(file);
@@ -171,14 +167,19 @@ pub fn run(quick: bool) -> Value {
     json!({"full_bytes": FULL_BYTES, "rows": rows})
 }
 
-/// The row for one recorded file (see the module's docs).
-fn measure_file(name: &str, file: &Path) -> Value {
-    let full = script(file);
-    let mut f = fs::OpenOptions::new()
+/// A recording opened for its `dyn_size`s to be patched in place.
+fn open_to_patch(file: &Path) -> fs::File {
+    fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(file)
-        .unwrap();
+        .unwrap()
+}
+
+/// The row for one recorded file (see the module's docs).
+fn measure_file(name: &str, file: &Path) -> Value {
+    let full = script(file);
+    let mut f = open_to_patch(file);
     let sizes = dyn_size_offsets_of(&mut f).unwrap();
     let (_, size) = data_section(&mut f).unwrap();
     let mut stacks = Vec::new();
