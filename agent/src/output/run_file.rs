@@ -68,6 +68,15 @@ pub struct DonorStack {
     pub tid: u32,
     /// Leaf first: (symbol as the report names it, index in `objects`).
     pub frames: Vec<(String, u32)>,
+    /// Each frame's CFA, its place on the stack (`report::cfa`), 0 where
+    /// not known; parallel to `frames`, or empty (a run.json written
+    /// before they were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cfas: Vec<u64>,
+    /// Unwound again from its copy, the stack reached its end: its last
+    /// frame is the thread's first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reached_end: bool,
 }
 
 impl StackDonors {
@@ -205,6 +214,8 @@ mod tests {
             stacks: vec![DonorStack {
                 tid: 42,
                 frames: vec![("f".into(), 0), ("main".into(), 0)],
+                cfas: vec![0x7ff0, 0x7ff8],
+                reached_end: true,
             }],
         };
         write(out, &a, &donors).unwrap();

@@ -159,6 +159,96 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
     }
 }
 
+/// The callers each frame had at its place on the stack, from every
+/// stack whose frames' CFAs are known (report/cfa.rs): a frame is the
+/// node `(F, CFA)`, and a stack links each of its frames to the next one
+/// out. A cut stack's last frame is then followed out, caller by caller,
+/// to a frame that was a stack's first (the unwinder found the end there).
+///
+/// A thread's outer frames stay where they are while its inner ones come
+/// and go, and a process forked from another (a pre-fork server's
+/// workers, PostgreSQL's backends) starts with its parent's stack at the
+/// same addresses. So the same function at the same CFA is, nearly
+/// always, the same call with the same callers. The names are not
+/// enough: the same function is called from many places, and the two or
+/// three frames [`Complete::graft`] matches do not tell which. Where a
+/// node had several callers, the one seen most often is taken.
+pub struct Links<F> {
+    /// node → (its caller's node, or `None` where the node was a stack's
+    /// first frame; how many stacks had that).
+    next: HashMap<(F, u64), Vec<(Option<(F, u64)>, u32)>>,
+}
+
+impl<F> Default for Links<F> {
+    fn default() -> Self {
+        Links {
+            next: HashMap::new(),
+        }
+    }
+}
+
+/// The most frames a completion adds.
+const MAX_ADDED: usize = 1024;
+
+impl<F: Eq + Hash + Clone> Links<F> {
+    /// Adds a stack (leaf first): each frame with its CFA, 0 where it is not
+    /// known. Neighbours whose CFAs are both known are linked (a caller's
+    /// CFA is never below its callee's: the stack grows down); where
+    /// `reached_end`, the last frame was the thread's first.
+    pub fn add(&mut self, stack: &[(F, u64)], reached_end: bool) {
+        for w in stack.windows(2) {
+            let (inner, outer) = (&w[0], &w[1]);
+            if inner.1 != 0 && outer.1 >= inner.1 {
+                self.link(inner.clone(), Some(outer.clone()));
+            }
+        }
+        match stack.last() {
+            Some(last) if reached_end && last.1 != 0 => self.link(last.clone(), None),
+            _ => {}
+        }
+    }
+
+    fn link(&mut self, from: (F, u64), to: Option<(F, u64)>) {
+        let list = self.next.entry(from).or_default();
+        match list.iter_mut().find(|(t, _)| *t == to) {
+            Some((_, n)) => *n += 1,
+            None => list.push((to, 1)),
+        }
+    }
+
+    /// The frames beyond `last` (a cut stack's outermost frame, with its
+    /// CFA) out to a thread's first frame, each node's most frequent
+    /// caller in turn (the first seen among equals). `None` where a node on
+    /// the way has no known caller: the stack is then left as it is.
+    pub fn complete(&self, last: &(F, u64)) -> Option<Vec<F>> {
+        let mut out = Vec::new();
+        let mut at = last.clone();
+        let mut seen = std::collections::HashSet::new();
+        while out.len() < MAX_ADDED {
+            let list = self.next.get(&at)?;
+            let mut best = &list[0];
+            for c in &list[1..] {
+                if c.1 > best.1 {
+                    best = c;
+                }
+            }
+            let Some(next) = &best.0 else {
+                return Some(out);
+            };
+            if !seen.insert(next.clone()) {
+                return None;
+            }
+            out.push(next.0.clone());
+            at = next.clone();
+        }
+        None
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.next.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +322,65 @@ mod tests {
         assert!(is_start("__libc_start_main@@GLIBC_2.34"));
         assert!(is_start("clone3") && is_start("runtime.goexit.abi0"));
         assert!(is_start("main") && !is_start("_start_worker") && !is_start("malloc"));
+    }
+
+    fn links(stacks: &[(&str, bool)]) -> Links<String> {
+        let mut l = Links::default();
+        for (s, end) in stacks {
+            let frames: Vec<(String, u64)> = s
+                .split(';')
+                .map(|f| {
+                    let (name, cfa) = f.split_once('@').unwrap_or((f, "0"));
+                    (name.to_string(), cfa.parse().unwrap())
+                })
+                .collect();
+            l.add(&frames, *end);
+        }
+        l
+    }
+
+    fn node(name: &str, cfa: u64) -> (String, u64) {
+        (name.to_string(), cfa)
+    }
+
+    #[test]
+    fn a_cut_stack_is_followed_out_by_its_frames_places() {
+        // A whole stack, and a cut one that went through run@300 by
+        // another path: its links below run@300 are the whole one's.
+        let l = links(&[
+            ("f@100;g@200;run@300;main@400;_start@500", true),
+            ("x@120;y@250;run@300", false),
+        ]);
+        let tail = |s: Option<Vec<String>>| s.map(|v| v.join(";"));
+        assert_eq!(
+            tail(l.complete(&node("y", 250))),
+            Some("run;main;_start".into())
+        );
+        // The same name at another place is another frame.
+        assert_eq!(l.complete(&node("run", 310)), None);
+        // A node on the way with no known caller: nothing.
+        let cut_only = links(&[("a@10;b@20;c@30", false)]);
+        assert_eq!(cut_only.complete(&node("a", 10)), None);
+        // An unknown CFA links nothing.
+        let unknown = links(&[("a@10;b@0;main@40;_start@50", true)]);
+        assert_eq!(unknown.complete(&node("a", 10)), None);
+        assert_eq!(
+            tail(unknown.complete(&node("main", 40))),
+            Some("_start".into())
+        );
+    }
+
+    #[test]
+    fn the_caller_seen_most_often_is_taken() {
+        let l = links(&[
+            ("w@10;serve@20;main@30;_start@40", true),
+            ("w@10;poll@25;main@30;_start@40", true),
+            ("w@10;poll@25;main@30;_start@40", true),
+        ]);
+        let got = l.complete(&node("w", 10)).map(|v| v.join(";"));
+        assert_eq!(got, Some("poll;main;_start".into()));
+        // A link that goes back up the stack is not one.
+        let bad = links(&[("a@50;b@40;main@60;_start@70", true)]);
+        assert_eq!(bad.complete(&node("a", 50)), None);
     }
 }

@@ -20,6 +20,8 @@
 //! written, those marked); 3 perf is missing; 4 the report cannot be
 //! written.
 
+pub mod cfa;
+mod cut_stacks;
 mod embed;
 pub mod fleet;
 pub mod graft;

@@ -18,27 +18,9 @@ use std::{
 
 use crate::{
     capture::jit_maps,
-    output::run_file::{DonorStack, StackDonors},
-    report::{graft, jitdump, pending_returns},
+    output::run_file::StackDonors,
+    report::{cfa, jitdump, pending_returns},
 };
-
-/// Each thread's distinct complete stacks, in the order given (the first
-/// a cut stack passes through is the one grafted from).
-fn complete_by_thread<'a>(
-    stacks: impl Iterator<Item = (u32, &'a [(u32, u32)])>,
-) -> HashMap<u32, graft::Complete<'a, (u32, u32)>> {
-    let mut by_thread: HashMap<u32, Vec<&'a [(u32, u32)]>> = HashMap::new();
-    let mut seen = std::collections::HashSet::new();
-    for (tid, s) in stacks {
-        if seen.insert((tid, s)) {
-            by_thread.entry(tid).or_default().push(s);
-        }
-    }
-    by_thread
-        .into_iter()
-        .map(|(tid, s)| (tid, graft::Complete::new(s)))
-        .collect()
-}
 
 /// The fields asked of `perf script`: thread, time (ns with `--ns`), the
 /// event's name and a tracepoint's fields (`trace`), and the call chain as
@@ -57,8 +39,12 @@ pub struct Sample {
     /// perf's sample time: CLOCK_MONOTONIC (`-k CLOCK_MONOTONIC`), ns.
     pub time_ns: u64,
     /// Range in [`Samples::frames`], leaf first.
-    start: u32,
-    len: u32,
+    pub(super) start: u32,
+    pub(super) len: u32,
+    /// The stack is whole by its frames' addresses: unwound again from
+    /// its copy, the unwinder found the stack's end, and perf's frames are
+    /// those ([`Samples::attach_cfas`]).
+    pub reached_end: bool,
 }
 
 /// A `sched:sched_switch` sample: taken in the thread's context just
@@ -83,7 +69,7 @@ pub struct ContextSwitchLine {
 }
 
 /// The samples of one snapshot file, with interned frame names.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Samples {
     /// The sampling event's samples (the CPU flame graphs' input).
     pub samples: Vec<Sample>,
@@ -92,13 +78,18 @@ pub struct Samples {
     /// `PERF_RECORD_SWITCH` records, in file order.
     pub context_switches: Vec<ContextSwitchLine>,
     /// Frame ids of every call chain, leaf first, back to back.
-    frames: Vec<u32>,
-    names: Vec<String>,
-    ids: HashMap<String, u32>,
+    pub(super) frames: Vec<u32>,
+    pub(super) names: Vec<String>,
+    pub(super) ids: HashMap<String, u32>,
     /// Each frame's object (perf's `dso`), as an index in `objects`;
     /// parallel to `frames`.
-    frame_objects: Vec<u32>,
-    objects: Vec<String>,
+    pub(super) frame_objects: Vec<u32>,
+    pub(super) objects: Vec<String>,
+    /// Each frame's address as perf printed it; parallel to `frames`.
+    pub(super) frame_ips: Vec<u64>,
+    /// Each frame's CFA, its place on the stack (report/cfa.rs), 0 where
+    /// not known; parallel to `frames`.
+    pub(super) frame_cfas: Vec<u64>,
     /// perf's command line, from the header (`# cmdline : ...`).
     pub cmdline: Option<String>,
     /// Cut DWARF stacks completed from complete ones of their thread
@@ -136,135 +127,8 @@ impl Samples {
             .map(|&i| self.objects[i as usize].as_str())
     }
 
-    /// Completes the stacks cut where their DWARF copy ended
-    /// (report/graft.rs) from the distinct complete stacks of their thread:
-    /// this file's, CPU and `sched_switch` ones alike, then the run's
-    /// `donors` (the whole stacks of `auto`'s measurement, run.json). Which
-    /// samples have DWARF copies comes from perf's command line: the CPU
-    /// samples with `--call-graph dwarf`, the `sched_switch` ones then and
-    /// when their event has its own (`sched:sched_switch/call-graph=dwarf,...`,
-    /// the off-CPU breakdown of a frame-pointer run). A frame-pointer stack
-    /// is not cut by a copy's size, and is left as it is.
-    pub fn graft_cut_stacks(&mut self, donors: &StackDonors) {
-        let cmdline = self.cmdline.as_deref().unwrap_or("");
-        let cpu_dwarf = ["--call-graph dwarf", "--call-graph=dwarf"]
-            .iter()
-            .any(|o| cmdline.contains(o));
-        let switch_dwarf = cpu_dwarf || cmdline.contains("sched_switch/call-graph=dwarf");
-        if !switch_dwarf {
-            return;
-        }
-        let donated = self.intern_donors(donors);
-        let start: Vec<bool> = self.names.iter().map(|n| graft::is_start(n)).collect();
-        let unknown = self.ids.get("[unknown]").copied();
-        // Frames with their objects: a grafted frame brings its own.
-        let pairs: Vec<(u32, u32)> = self
-            .frames
-            .iter()
-            .copied()
-            .zip(self.frame_objects.iter().copied())
-            .collect();
-        let range = |s: &Sample| s.start as usize..(s.start + s.len) as usize;
-        let ends_at_start = |s: &[(u32, u32)]| s.last().is_some_and(|&(f, _)| start[f as usize]);
-        let all = || {
-            self.samples
-                .iter()
-                .chain(self.sched_switch_samples.iter().map(|s| &s.sample))
-        };
-        let own = all().map(|s| (s.tid, &pairs[range(s)]));
-        let given = donated.iter().map(|(tid, s)| (*tid, s.as_slice()));
-        let complete = complete_by_thread(own.chain(given).filter(|(_, s)| ends_at_start(s)));
-        let mut grown = Vec::new();
-        let cpu = self.samples.len();
-        let copied = |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf };
-        for (k, s) in all().enumerate().filter(|(k, _)| copied(*k)) {
-            let cut = &pairs[range(s)];
-            let Some(refs) = complete.get(&s.tid).filter(|_| !ends_at_start(cut)) else {
-                continue;
-            };
-            let stack = refs.graft(
-                cut,
-                |&(f, _)| start[f as usize],
-                |&(f, _)| Some(f) == unknown,
-            );
-            if let Some(stack) = stack {
-                grown.push((k, stack));
-            }
-        }
-        self.grafted = grown.len();
-        self.replace_stacks(grown);
-    }
-
-    /// `donors`' stacks as this file's (frame, object) ids, with their
-    /// threads; a stack naming an object `donors` does not hold is left out.
-    fn intern_donors(&mut self, donors: &StackDonors) -> Vec<(u32, Vec<(u32, u32)>)> {
-        let objects: Vec<u32> = donors.objects.iter().map(|o| self.object(o)).collect();
-        let mut out = Vec::with_capacity(donors.stacks.len());
-        for d in &donors.stacks {
-            let frames: Option<Vec<(u32, u32)>> = d
-                .frames
-                .iter()
-                .map(|(name, o)| Some((self.intern(name), *objects.get(*o as usize)?)))
-                .collect();
-            out.extend(frames.map(|f| (d.tid, f)));
-        }
-        out
-    }
-
-    /// The distinct complete CPU-sample stacks of each thread (ending in a
-    /// thread-start frame), in file order, as [`StackDonors`], until they
-    /// take about `max_bytes` of JSON (each frame counted as its name and
-    /// object index).
-    pub fn whole_stacks(&self, max_bytes: usize) -> StackDonors {
-        let mut seen = std::collections::HashSet::new();
-        let mut out = StackDonors {
-            objects: self.objects.clone(),
-            stacks: Vec::new(),
-        };
-        let mut bytes = 0;
-        for s in &self.samples {
-            let stack = self.stack(s);
-            let whole = stack.last().is_some_and(|&f| graft::is_start(self.name(f)));
-            if !whole || !seen.insert((s.tid, stack)) {
-                continue;
-            }
-            let objects = &self.frame_objects[s.start as usize..(s.start + s.len) as usize];
-            let frames: Vec<(String, u32)> = stack
-                .iter()
-                .map(|&f| self.name(f).to_string())
-                .zip(objects.iter().copied())
-                .collect();
-            bytes += frames.iter().map(|(n, _)| n.len() + 8).sum::<usize>() + 24;
-            if bytes > max_bytes {
-                break;
-            }
-            out.stacks.push(DonorStack { tid: s.tid, frames });
-        }
-        out
-    }
-
-    /// Gives sample `k` (CPU samples first, then `sched_switch` ones) the
-    /// call chain `stack` of (frame, object) ids, appended to the frames.
-    fn replace_stacks(&mut self, stacks: Vec<(usize, Vec<(u32, u32)>)>) {
-        let cpu = self.samples.len();
-        for (k, stack) in stacks {
-            let at = self.frames.len() as u32;
-            for (f, o) in &stack {
-                self.frames.push(*f);
-                self.frame_objects.push(*o);
-            }
-            let s = if k < cpu {
-                &mut self.samples[k]
-            } else {
-                &mut self.sched_switch_samples[k - cpu].sample
-            };
-            s.start = at;
-            s.len = stack.len() as u32;
-        }
-    }
-
     /// Interns an object name (a run maps a few dozen).
-    fn object(&mut self, dso: &str) -> u32 {
+    pub(super) fn object(&mut self, dso: &str) -> u32 {
         match self.objects.iter().position(|o| o == dso) {
             Some(i) => i as u32,
             None => {
@@ -274,7 +138,7 @@ impl Samples {
         }
     }
 
-    fn intern(&mut self, name: &str) -> u32 {
+    pub(super) fn intern(&mut self, name: &str) -> u32 {
         if let Some(&id) = self.ids.get(name) {
             return id;
         }
@@ -353,6 +217,7 @@ pub fn read(
         _ => file,
     };
     let fd = input.as_raw_fd();
+    let original_buildid_dir = buildid_dir;
     let buildid_dir = jit
         .as_ref()
         .map_or(buildid_dir, |j| j.buildid_dir.as_deref());
@@ -398,6 +263,16 @@ pub fn read(
         });
     }
     let mut samples = run_script(perf, &mut cmd)?;
+    let cmdline = match &injected {
+        Some(Ok(i)) => i.cmdline.as_deref(),
+        _ => samples.cmdline.as_deref(),
+    };
+    // Without their places on the stack, cut stacks are completed by names
+    // alone: a file that cannot be read again is not an error.
+    let unwinds = cmdline
+        .is_some_and(has_dwarf_copies)
+        .then(|| cfa::unwind(input, original_buildid_dir).ok())
+        .flatten();
     match injected {
         Some(Ok(i)) => {
             samples.cmdline = i.cmdline;
@@ -408,6 +283,9 @@ pub fn read(
     }
     samples.returns_restored = restored;
     samples.returns_error = repaired.err();
+    if let Some(u) = unwinds {
+        samples.attach_cfas(u);
+    }
     samples.graft_cut_stacks(donors);
     Ok(samples)
 }
@@ -423,6 +301,15 @@ pub fn read_plain(perf: &Path, file: &Path) -> Result<Samples, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     run_script(perf, &mut cmd)
+}
+
+/// Whether perf's command line asks for DWARF stack copies: of the CPU
+/// samples (`--call-graph dwarf`) or of the off-CPU breakdown's
+/// `sched_switch` ones.
+pub fn has_dwarf_copies(cmdline: &str) -> bool {
+    ["--call-graph dwarf", "--call-graph=dwarf", "call-graph=dwarf"]
+        .iter()
+        .any(|o| cmdline.contains(o))
 }
 
 /// Runs the `perf script` command `cmd` (stdout and stderr piped) and
@@ -538,9 +425,13 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
         }
         if text.starts_with('\t') {
             if let Some(s) = current.as_mut() {
-                let (name, dso) = frame_name(text.trim_start());
+                let line = text.trim_start();
+                let (name, dso) = frame_name(line);
                 let id = out.intern(&name);
                 out.frames.push(id);
+                let ip = line.split(' ').next().and_then(|a| u64::from_str_radix(a, 16).ok());
+                out.frame_ips.push(ip.unwrap_or(u64::MAX));
+                out.frame_cfas.push(0);
                 let object = out.object(dso);
                 out.frame_objects.push(object);
                 s.sample().len += 1;
@@ -575,6 +466,7 @@ fn start_line(out: &mut Samples, text: &str) -> Option<Open> {
         time_ns,
         start: out.frames.len() as u32,
         len: 0,
+        reached_end: false,
     };
     let (event, trace) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
     if event.strip_suffix(':') == Some(SCHED_SWITCH) {
@@ -658,6 +550,7 @@ fn frame_name(line: &str) -> (String, &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::run_file::DonorStack;
 
     const OUT: &str = "# ========\n# cmdline : /usr/bin/perf record -p 42 -e cpu-clock -F 999 -g\n# ========\n#\n  4243 330734.672679123: \n\t    55d0c3a1b139 slow_part (/t/target)\n\t    55d0c3a1b1f0 ns::f(int) const (/t/target)\n\t    7f00 [unknown] (/usr/lib/libc.so.6)\n\t    7f01 [unknown] ([unknown])\n\n     7 1.5: \n\t    ffffffff81000000 do_syscall_64 ([kernel.kallsyms])\n\n";
 
@@ -812,6 +705,8 @@ mod tests {
         donors.stacks.push(DonorStack {
             tid: 8,
             frames: vec![("serve".into(), srv), ("loop".into(), lib + 1)],
+            cfas: Vec::new(),
+            reached_end: false,
         });
         donors.stacks.push(DonorStack {
             tid: 8,
@@ -821,6 +716,8 @@ mod tests {
                 ("main".into(), srv),
                 ("__libc_start_main".into(), lib),
             ],
+            cfas: Vec::new(),
+            reached_end: false,
         });
         let mut s = parse(CUT_RUN.as_bytes()).unwrap();
         s.graft_cut_stacks(&donors);

@@ -15,7 +15,6 @@
 //! same functions.
 
 use std::{
-    collections::{HashMap, HashSet},
     fs,
     io::{self, Read, Seek, SeekFrom, Write},
     path::Path,
@@ -23,8 +22,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::graft::{Complete, is_start};
-pub use super::jitdump::data_section;
+use super::{cfa, graft::is_start};
+pub use super::{
+    jitdump::data_section,
+    samples::{Samples, parse as parse_samples},
+};
 use crate::{output::run_file::StackDonors, perf::unwind::Measured};
 
 /// The copy the reference recording asks for, bytes: 32 KiB, which a sample
@@ -50,14 +52,6 @@ pub const MEASURE_FOR: Duration = Duration::from_millis(500);
 /// keeps its fixed size.
 pub const MIN_SAMPLES: usize = 100;
 
-/// One sample as `perf script` unwound it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stack {
-    pub tid: i32,
-    /// Symbols, innermost first; `[unknown]` where perf has none.
-    pub frames: Vec<String>,
-}
-
 /// The most of the measurement's whole stacks kept for the report, bytes
 /// of JSON in run.json (whose reader takes at most 1 MiB): a few hundred
 /// distinct stacks.
@@ -67,12 +61,10 @@ pub const DONOR_BYTES: usize = 256 << 10;
 #[derive(Debug, Clone)]
 pub struct Measurement {
     pub measured: Measured,
-    /// The recording's whole stacks as the report names them, for it to
-    /// graft snapshots' cut stacks from (run.json).
+    /// The recording's whole stacks as the report names them, with their
+    /// frames' places on the stack, for it to complete snapshots' cut
+    /// stacks from (run.json).
     pub donors: StackDonors,
-    /// Every sample's stack as [`script`] unwound it from the whole copy,
-    /// in time order (the bench judges its own recording against them).
-    pub stacks: Vec<Stack>,
 }
 
 /// Why the measurement chose no size (`auto` then keeps its fixed one).
@@ -111,27 +103,33 @@ pub fn measure(
     let file = dir.join("stack-need.data");
     let recorded = record(perf, pids, freq, &file);
     let chosen = recorded.and_then(|()| {
-        let donors = super::samples::read_plain(perf, &file)?.whole_stacks(DONOR_BYTES);
-        let (chosen, stacks) =
-            choose(perf, &file).map_err(|e| format!("unwinding the samples: {e}"))?;
-        Ok((chosen, donors, stacks))
+        let full = read(perf, &file)?;
+        let donors = full.whole_stacks(DONOR_BYTES);
+        let chosen = choose(perf, &file, &full).map_err(|e| format!("unwinding the samples: {e}"))?;
+        Ok((chosen, donors, full.samples.len()))
     });
     let _ = fs::remove_file(&file);
-    let ((bytes, whole_percent), donors, stacks) = chosen.map_err(NotMeasured::Failed)?;
-    if stacks.len() < MIN_SAMPLES {
-        return Err(NotMeasured::TooFewSamples(stacks.len()));
+    let ((bytes, whole_percent), donors, samples) = chosen.map_err(NotMeasured::Failed)?;
+    if samples < MIN_SAMPLES {
+        return Err(NotMeasured::TooFewSamples(samples));
     }
     let measured = Measured {
         bytes,
         whole_percent,
-        samples: stacks.len(),
+        samples,
         ms: started.elapsed().as_secs_f64() * 1e3,
     };
-    Ok(Measurement {
-        measured,
-        donors,
-        stacks,
-    })
+    Ok(Measurement { measured, donors })
+}
+
+/// A recording read as the report reads a snapshot: perf's stacks
+/// (`samples::read_plain`), with their frames' places on the stack
+/// (report/cfa.rs).
+pub fn read(perf: &Path, file: &Path) -> Result<Samples, String> {
+    let mut samples = super::samples::read_plain(perf, file)?;
+    let f = fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    samples.attach_cfas(cfa::unwind(&f, None)?);
+    Ok(samples)
 }
 
 /// `perf record` of `pids` into `file` for [`MEASURE_FOR`] with a
@@ -160,50 +158,56 @@ fn record(perf: &Path, pids: &[i32], freq: u32, file: &Path) -> Result<(), Strin
 }
 
 /// The smallest of [`CHOICES`] at which ≥ [`WHOLE_GOAL`] of the samples of
-/// `file` (recorded with a [`FULL_BYTES`] copy) are whole once grafted, by
-/// bisection (the share grows with the size); the largest choice when none
-/// is. The run's report grafts a snapshot's cut stacks from its own whole
-/// ones and from this recording's (the donors), so the size is judged as
-/// that: on the recording's second half, cut to the size and grafted from
-/// its own whole stacks and then from the first half's whole copies.
-/// Returns (bytes, percent whole there) and every sample's whole-copy
-/// stack; with fewer than [`MIN_SAMPLES`] samples, (0, 0). The file is
-/// patched in place.
-pub fn choose(perf: &Path, file: &Path) -> io::Result<((u64, f64), Vec<Stack>)> {
-    let full = script(perf, file)?;
-    if full.len() < MIN_SAMPLES {
+/// `file` (recorded with a [`FULL_BYTES`] copy; `full` is it read) are
+/// whole once completed, by bisection (the share grows with the size);
+/// the largest choice when none is. The run's report completes a
+/// snapshot's cut stacks from its own stacks and from this recording's
+/// whole ones (the donors), so the size is judged as that: on the
+/// recording's second half, cut to the size and completed from its own
+/// stacks and then from the first half's whole copies. Returns (bytes,
+/// percent whole there); with fewer than [`MIN_SAMPLES`] samples, (0, 0).
+/// The file is patched in place.
+pub fn choose(perf: &Path, file: &Path, full: &Samples) -> io::Result<(u64, f64)> {
+    let n = full.samples.len();
+    if n < MIN_SAMPLES {
         // Too few to measure by (see `measure`): nothing unwound again.
-        return Ok(((0, 0.0), full));
+        return Ok((0, 0.0));
     }
     let mut f = fs::OpenOptions::new().read(true).write(true).open(file)?;
     let offsets = dyn_size_offsets_of(&mut f)?;
-    let half = full.len() / 2;
+    let half = n / 2;
+    let donors = full.whole_stacks_of(0..half, usize::MAX);
     let mut at = |bytes: u64| -> io::Result<f64> {
         set_copy_size(&mut f, &offsets, bytes, |_| false)?;
-        let cut = script(perf, file)?;
-        if cut.len() != full.len() {
+        let cut = read(perf, file).map_err(io::Error::other)?;
+        if cut.samples.len() != n {
             return Err(io::Error::other(
                 "perf script gave another number of samples",
             ));
         }
-        Ok(whole_after_donors(
-            &full[..half],
-            &full[half..],
-            &cut[half..],
-        ))
+        Ok(whole_percent(full, cut, half, &donors))
     };
-    let chosen = smallest_whole(CHOICES, &mut at)?;
-    Ok((chosen, full))
+    smallest_whole(CHOICES, &mut at)
 }
 
-/// Of the samples `cut` (their whole stacks in `full`), the percent whole
-/// once grafted from the thread's complete stacks in `cut`, then from
-/// `donors` (whole stacks of the same threads), as the report grafts.
-pub fn whole_after_donors(donors: &[Stack], full: &[Stack], cut: &[Stack]) -> f64 {
-    let n = donors.len();
-    let whole: Vec<Stack> = donors.iter().chain(full).cloned().collect();
-    let judged: Vec<Stack> = donors.iter().chain(cut).cloned().collect();
-    grafted_whole(&whole, &judged, |i| i < n).1
+/// Of the samples of `cut` from `from` on (the same file as `full`, its
+/// copies cut), the percent whole once completed as the report completes
+/// a snapshot made of them alone, with `donors`
+/// ([`Samples::graft_cut_stacks`]): their stack then holds the one of the
+/// same sample in `full` ([`holds`]).
+pub fn whole_percent(full: &Samples, mut cut: Samples, from: usize, donors: &StackDonors) -> f64 {
+    cut.samples.drain(..from.min(cut.samples.len()));
+    cut.graft_cut_stacks(donors);
+    let judged = cut.samples.len().min(full.samples.len().saturating_sub(from));
+    let whole = (0..judged)
+        .filter(|&i| holds(&names(&cut, i), &names(full, from + i)))
+        .count();
+    100.0 * whole as f64 / judged.max(1) as f64
+}
+
+/// Sample `i`'s frame names, leaf first.
+pub fn names(s: &Samples, i: usize) -> Vec<&str> {
+    s.stack(&s.samples[i]).iter().map(|&f| s.name(f)).collect()
 }
 
 /// Of `choices` (ascending), the first at which `at` (the percent whole
@@ -314,111 +318,18 @@ pub fn set_copy_size(
     file.flush()
 }
 
-/// `perf script` of `file`: each sample's thread and unwound stack.
-pub fn script(perf: &Path, file: &Path) -> io::Result<Vec<Stack>> {
-    let out = crate::perf::binary::command(perf)
-        .args(["script", "--no-inline", "-F", "tid,ip,sym", "-i"])
-        .arg(file)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "perf script -i {}",
-            file.display()
-        )));
-    }
-    Ok(parse_script(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// Parses `perf script -F tid,ip,sym` with call chains: a header line
-/// holding the tid, then one `\t ip sym+off` line per frame.
-pub fn parse_script(text: &str) -> Vec<Stack> {
-    let mut out: Vec<Stack> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('\t') {
-            if let (Some(last), Some(sym)) = (out.last_mut(), line.split_whitespace().nth(1)) {
-                let sym = sym.split('+').next().unwrap_or(sym);
-                last.frames.push(sym.to_string());
-            }
-        } else if let Some(tid) = line.split_whitespace().next().and_then(|w| w.parse().ok()) {
-            out.push(Stack {
-                tid,
-                frames: Vec::new(),
-            });
-        }
-    }
-    out
-}
-
-/// Complete stacks, leaf first.
-type Stacks<'a> = Vec<&'a [String]>;
-
 /// Whether `got` is as whole as `full` (the same sample unwound from the
 /// whole copy): the same stack, or, where perf could not unwind even the
 /// whole copy to the thread's start (its last frames `[unknown]`), a stack
 /// that holds all of `full`'s named frames and goes on to the start (a
 /// graft from a stack that did reach it).
-fn holds(got: &[String], full: &[String]) -> bool {
+pub fn holds(got: &[&str], full: &[&str]) -> bool {
     if got == full {
         return true;
     }
-    let named = full.len() - full.iter().rev().take_while(|f| *f == "[unknown]").count();
-    let reaches = |s: &[String]| s.last().is_some_and(|f| is_start(f));
+    let named = full.len() - full.iter().rev().take_while(|f| **f == "[unknown]").count();
+    let reaches = |s: &[&str]| s.last().is_some_and(|f| is_start(f));
     !reaches(full) && reaches(got) && got.len() > named && got[..named] == full[..named]
-}
-
-/// Of the samples of `cut` that are not references (`is_reference(i)`),
-/// the percentages whole (their stack in `full`, the same samples unwound
-/// from the whole copy) once [`Complete::graft`] completes the cut ones, as
-/// the report does: (from the thread's other samples complete in `cut`,
-/// from those and the references).
-pub fn grafted_whole(
-    full: &[Stack],
-    cut: &[Stack],
-    is_reference: impl Fn(usize) -> bool,
-) -> (f64, f64) {
-    let mut complete: HashMap<i32, (Stacks, Stacks)> = HashMap::new();
-    let mut seen = HashSet::new();
-    for (j, o) in cut.iter().enumerate() {
-        let reference = is_reference(j);
-        if o.frames.last().is_some_and(|f| is_start(f))
-            && seen.insert((o.tid, reference, &o.frames))
-        {
-            let lists = complete.entry(o.tid).or_default();
-            let list = if reference {
-                &mut lists.1
-            } else {
-                &mut lists.0
-            };
-            list.push(o.frames.as_slice());
-        }
-    }
-    let indexed: HashMap<i32, (Complete<String>, Complete<String>)> = complete
-        .iter()
-        .map(|(tid, (mine, refs))| {
-            let all = mine.iter().chain(refs).copied();
-            let own = Complete::new(mine.iter().copied());
-            (*tid, (own, Complete::new(all)))
-        })
-        .collect();
-    let unknown = |f: &String| f == "[unknown]";
-    let (mut own, mut with_refs, mut n) = (0usize, 0usize, 0usize);
-    for (i, (s, f)) in cut.iter().zip(full).enumerate() {
-        if is_reference(i) {
-            continue;
-        }
-        n += 1;
-        let whole = |with: Option<&Complete<String>>| {
-            let g = with.and_then(|c| c.graft(&s.frames, |f| is_start(f), unknown));
-            holds(g.as_ref().unwrap_or(&s.frames), &f.frames)
-        };
-        let sets = indexed.get(&s.tid);
-        own += usize::from(whole(sets.map(|c| &c.0)));
-        with_refs += usize::from(whole(sets.map(|c| &c.1)));
-    }
-    let pct = |k: usize| 100.0 * k as f64 / n.max(1) as f64;
-    (pct(own), pct(with_refs))
 }
 
 #[cfg(test)]
@@ -454,21 +365,6 @@ mod tests {
     }
 
     #[test]
-    fn parses_perf_scripts_tid_and_frames() {
-        let text = " 8859 \n\t            1056 main\n\t           27304 \
-                    __libc_start_main@@GLIBC_2.34\n\t            1090 _start\n\n 8860 \n\
-                    \t            10 f+0x4\n\t ffff [unknown]\n";
-        let s = parse_script(text);
-        assert_eq!(s.len(), 2);
-        assert_eq!(s[0].tid, 8859);
-        assert_eq!(
-            s[0].frames,
-            ["main", "__libc_start_main@@GLIBC_2.34", "_start"]
-        );
-        assert_eq!(s[1].frames, ["f", "[unknown]"]);
-    }
-
-    #[test]
     fn the_smallest_size_reaching_the_goal_is_found_in_few_unwinds() {
         // Whole from 1536 on: 99.5% there.
         let pct = |b: u64| if b >= 1536 { 99.5 } else { 80.0 };
@@ -487,56 +383,45 @@ mod tests {
         assert_eq!(smallest_whole(CHOICES, &mut high).unwrap(), (512, 100.0));
     }
 
-    fn st(tid: i32, frames: &[&str]) -> Stack {
-        Stack {
-            tid,
-            frames: frames.iter().map(|f| f.to_string()).collect(),
+    /// perf script's output for samples of (tid, frames), leaf first, in
+    /// a DWARF run.
+    fn run(samples: &[(u32, &str)]) -> Samples {
+        let mut text = String::from("# cmdline : /usr/bin/perf record --call-graph dwarf,32768\n");
+        for (k, (tid, frames)) in samples.iter().enumerate() {
+            text.push_str(&format!(" {tid} 1.{k:09}: \n"));
+            for f in frames.split(';') {
+                let object = if f == "[unknown]" { "[unknown]" } else { "/srv" };
+                text.push_str(&format!("\t1 {f} ({object})\n"));
+            }
+            text.push('\n');
         }
+        super::super::samples::parse(text.as_bytes()).unwrap()
     }
 
     #[test]
-    fn a_cut_stack_counts_whole_once_grafted_from_its_own_thread() {
-        let whole = st(1, &["f", "loop", "main", "_start"]);
-        let full = vec![
-            whole.clone(),
-            whole.clone(),
-            st(2, &["g", "loop", "main", "_start"]),
-        ];
-        // Sample 1 lost main and _start: the graft from sample 0 completes
-        // it. Thread 2's only sample is cut, with nothing to graft from.
-        let cut = vec![
-            whole.clone(),
-            st(1, &["f", "loop", "[unknown]"]),
-            st(2, &["g", "loop", "[unknown]"]),
-        ];
-        let (own, _) = grafted_whole(&full, &cut, |_| false);
-        assert!((own - 200.0 / 3.0).abs() < 1e-9, "{own}");
-        // As a reference, sample 0 is not counted, and still completes 1.
-        let (own, refs) = grafted_whole(&full, &cut, |i| i == 0);
-        assert_eq!((own, refs), (0.0, 50.0));
-    }
-
-    #[test]
-    fn the_measurements_donors_complete_what_the_samples_cannot() {
-        // Thread 2's samples are all cut; the donors (earlier whole copies
-        // of the same threads) hold its start.
-        let donors = vec![
-            st(2, &["h", "g", "loop", "main", "_start"]),
-            st(3, &["g", "loop", "other_main", "_start"]),
-        ];
-        let full = vec![st(2, &["g", "loop", "main", "_start"])];
-        let cut = vec![st(2, &["g", "loop", "[unknown]"])];
-        assert_eq!(whole_after_donors(&donors, &full, &cut), 100.0);
-        // Another thread's donor does not count.
-        assert_eq!(whole_after_donors(&donors[1..], &full, &cut), 0.0);
+    fn a_cut_stack_counts_whole_once_completed_as_the_report_completes_it() {
+        let whole = "f;loop;main;_start";
+        let full = run(&[(1, whole), (1, whole), (2, "g;loop;main;_start")]);
+        // Sample 1 lost main and _start: sample 0 completes it. Thread
+        // 2's only sample is cut, with nothing to graft from.
+        let cut = || run(&[(1, whole), (1, "f;loop;[unknown]"), (2, "g;loop;[unknown]")]);
+        let none = StackDonors::default();
+        let pct = whole_percent(&full, cut(), 0, &none);
+        assert!((pct - 200.0 / 3.0).abs() < 1e-9, "{pct}");
+        // From sample 1 on, sample 0 is not in the snapshot: only a donor
+        // of thread 2's own completes thread 2.
+        assert_eq!(whole_percent(&full, cut(), 1, &none), 0.0);
+        let donors = run(&[(2, "h;g;loop;main;_start"), (3, "g;loop;other_main;_start")]);
+        let donors = donors.whole_stacks(1 << 20);
+        assert_eq!(whole_percent(&full, cut(), 1, &donors), 50.0);
         // A wrong graft is not whole: the donor's outer frames differ.
-        let full = vec![st(2, &["g", "loop", "serve", "main", "_start"])];
-        assert_eq!(whole_after_donors(&donors, &full, &cut), 0.0);
+        let served = run(&[(1, whole), (1, whole), (2, "g;loop;serve;main;_start")]);
+        assert_eq!(whole_percent(&served, cut(), 1, &donors), 0.0);
     }
 
     #[test]
     fn a_graft_beyond_what_the_whole_copy_unwound_holds_it() {
-        let s = |f: &[&str]| f.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+        let s = |f: &[&'static str]| f.to_vec();
         let full = s(&["f", "loop", "[unknown]"]);
         // The same stack, or one that holds all of it and reaches the start.
         assert!(holds(&full, &full));

@@ -14,9 +14,12 @@
 
 use std::{fs, path::Path, process::Command};
 
-use mt_agent::report::stack_need::{
-    FULL_BYTES, NotMeasured, Stack, data_section, dyn_size_offsets_of, grafted_whole,
-    script as perf_script, set_copy_size, whole_after_donors,
+use mt_agent::{
+    output::run_file::StackDonors,
+    report::stack_need::{
+        FULL_BYTES, NotMeasured, Samples, data_section, dyn_size_offsets_of, names,
+        read as read_recording, set_copy_size, whole_percent,
+    },
 };
 use mt_agent_tests::perf_bin;
 
@@ -30,15 +33,15 @@ pub const SIZES: &[u64] = &[
 
 /// Of each sample, the smallest size of [`SIZES`] at which its stack is the
 /// one it has with the full copy, or `None` where none is: sizes are tried
-/// largest first, so `stacks[k]` is the stacks at `SIZES[k]`.
-pub fn needed(full: &[Stack], stacks: &[Vec<Stack>]) -> Vec<Option<u64>> {
-    full.iter()
-        .enumerate()
-        .map(|(i, s)| {
+/// largest first, so `stacks[k]` is the recording read at `SIZES[k]`.
+pub fn needed(full: &Samples, stacks: &[Samples]) -> Vec<Option<u64>> {
+    (0..full.samples.len())
+        .map(|i| {
+            let whole = names(full, i);
             let mut need = None;
             for (k, at) in stacks.iter().enumerate() {
-                match at.get(i) {
-                    Some(t) if t.frames == s.frames => need = Some(SIZES[k]),
+                match (i < at.samples.len()).then(|| names(at, i)) {
+                    Some(t) if t == whole => need = Some(SIZES[k]),
                     _ => break,
                 }
             }
@@ -47,10 +50,10 @@ pub fn needed(full: &[Stack], stacks: &[Vec<Stack>]) -> Vec<Option<u64>> {
         .collect()
 }
 
-/// Whether a stack reaches its thread's start: the outermost frame is
-/// where a process or a thread begins.
-fn reaches_start(s: &Stack) -> bool {
-    s.frames.last().is_some_and(|f| {
+/// Whether sample `i`'s stack reaches its thread's start: the outermost
+/// frame is where a process or a thread begins.
+fn reaches_start(s: &Samples, i: usize) -> bool {
+    names(s, i).last().is_some_and(|f| {
         [
             "_start",
             "clone",
@@ -63,8 +66,9 @@ fn reaches_start(s: &Stack) -> bool {
     })
 }
 
-fn script(file: &Path) -> Vec<Stack> {
-    perf_script(&perf_bin().expect("perf"), file).expect("perf script")
+/// The recording as the report reads it, with its frames' places.
+fn read(file: &Path) -> Samples {
+    read_recording(&perf_bin().expect("perf"), file).expect("perf script")
 }
 
 /// Records `pids` for `seconds` at 999 Hz with a [`FULL_BYTES`] copy into
@@ -127,18 +131,19 @@ fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path, file: &Path) {
     let mut f = open_to_patch(file);
     // As recorded: `measure_file` left each sample's own `dyn_size`.
     let sizes = dyn_size_offsets_of(&mut f).unwrap();
-    let full = script(file);
+    let full = read(file);
     set_copy_size(&mut f, &sizes, bytes, |_| false).unwrap();
-    let cut = script(file);
+    let cut = read(file);
     let other = v["other_bytes_per_sample"].as_f64().unwrap_or(0.0);
+    let own = whole_percent(&full, cut.clone(), 0, &StackDonors::default());
     v["auto"] = json!({
         "bytes": bytes,
         "measured_whole_percent": m.measured.whole_percent,
         "measured_samples": m.measured.samples,
         "measure_ms": m.measured.ms,
         "donor_stacks": m.donors.stacks.len(),
-        "whole_percent_grafted": grafted_whole(&full, &cut, |_| false).0,
-        "whole_percent_with_donors": whole_after_donors(&m.stacks, &full, &cut),
+        "whole_percent_grafted": own,
+        "whole_percent_with_donors": whole_percent(&full, cut, 0, &m.donors),
         "reach_vs_8192": (8192.0 + other) / (bytes as f64 + other),
     });
 }
@@ -178,22 +183,18 @@ fn open_to_patch(file: &Path) -> fs::File {
 
 /// The row for one recorded file (see the module's docs).
 fn measure_file(name: &str, file: &Path) -> Value {
-    let full = script(file);
+    let full = read(file);
     let mut f = open_to_patch(file);
     let sizes = dyn_size_offsets_of(&mut f).unwrap();
     let (_, size) = data_section(&mut f).unwrap();
     let mut stacks = Vec::new();
     let mut grafted = Vec::new();
-    let reference = |i: usize| i.is_multiple_of(REFERENCE_EVERY);
     for &n in SIZES {
-        // Every REFERENCE_EVERY-th sample keeps its whole copy: a
-        // reference stream (see `grafted_whole`).
-        set_copy_size(&mut f, &sizes, n, reference).unwrap();
-        let at = script(file);
-        grafted.push(grafted_whole(&full, &at, reference));
-        // The reference samples were left whole: their stacks at this
-        // size are their cut ones, so `needed` reads them from the
-        // unpatched pass above.
+        set_copy_size(&mut f, &sizes, n, |_| false).unwrap();
+        let at = read(file);
+        // Completed from the recording's own stacks only, as a snapshot
+        // of a run without `auto`'s donors.
+        grafted.push(whole_percent(&full, at.clone(), 0, &StackDonors::default()));
         stacks.push(at);
     }
     // The file as recorded again (`sizes` holds each sample's own
@@ -202,19 +203,7 @@ fn measure_file(name: &str, file: &Path) -> Value {
     // What a sample holds besides its stack copy, from this file: its data
     // section's bytes per stack sample, less the copy.
     let other = (size as f64 / sizes.len().max(1) as f64 - FULL_BYTES as f64).max(0.0);
-    // The reference samples kept their whole copy at every size: the
-    // sizes' figures leave them out.
-    let not_ref = |i: usize| !i.is_multiple_of(REFERENCE_EVERY);
-    let need: Vec<_> = needed(&full, &stacks)
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, n)| not_ref(i).then_some(n))
-        .collect();
-    let full: Vec<Stack> = full
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, s)| not_ref(i).then_some(s))
-        .collect();
+    let need = needed(&full, &stacks);
     let mut v = row(name, &full, &need, sizes.len());
     v["other_bytes_per_sample"] = json!(other);
     v["grafted"] = json!(
@@ -222,16 +211,16 @@ fn measure_file(name: &str, file: &Path) -> Value {
             .iter()
             .zip(&grafted)
             .rev()
-            .map(|(n, g)| json!({"bytes": n, "own_percent": g.0, "with_references_percent": g.1}))
+            .map(|(n, g)| json!({"bytes": n, "own_percent": g}))
             .collect::<Vec<_>>()
     );
-    // The smallest size whole for ≥ 99% once the report grafts (from the
-    // thread's own complete samples: what report/graft.rs does).
+    // The smallest size whole for ≥ 99% once the report completes the cut
+    // stacks from the recording's own.
     let grafted_99 = SIZES
         .iter()
         .zip(&grafted)
         .rev()
-        .find(|(_, g)| g.0 >= 99.0)
+        .find(|(_, g)| **g >= 99.0)
         .map(|(n, _)| *n);
     v["bytes_for_99_percent_grafted"] = json!(grafted_99);
     // How much further a ring of the same size reaches back with a copy
@@ -242,13 +231,9 @@ fn measure_file(name: &str, file: &Path) -> Value {
     v
 }
 
-/// One sample in this many keeps its whole copy in the graft passes:
-/// 999 Hz ÷ 100, a reference stream of ~10 Hz.
-pub const REFERENCE_EVERY: usize = 100;
-
 /// Sizes whole for at least 99% of the samples, and the spread.
-fn row(name: &str, full: &[Stack], need: &[Option<u64>], stack_samples: usize) -> Value {
-    let n = full.len().max(1) as f64;
+fn row(name: &str, full: &Samples, need: &[Option<u64>], stack_samples: usize) -> Value {
+    let n = full.samples.len().max(1) as f64;
     let whole_at = |size: u64| need.iter().filter(|m| m.is_some_and(|m| m <= size)).count();
     let per_size: Vec<Value> = SIZES
         .iter()
@@ -262,9 +247,11 @@ fn row(name: &str, full: &[Stack], need: &[Option<u64>], stack_samples: usize) -
         .find(|&s| whole_at(s) as f64 >= 0.99 * n);
     json!({
         "target": name,
-        "samples": full.len(),
+        "samples": full.samples.len(),
         "stack_samples": stack_samples,
-        "reach_start_percent": 100.0 * full.iter().filter(|s| reaches_start(s)).count() as f64 / n,
+        "reach_start_percent": 100.0
+            * (0..full.samples.len()).filter(|&i| reaches_start(full, i)).count() as f64
+            / n,
         "whole_at": per_size,
         "bytes_for_99_percent": choose,
     })
@@ -274,22 +261,26 @@ fn row(name: &str, full: &[Stack], need: &[Option<u64>], stack_samples: usize) -
 mod tests {
     use super::*;
 
-    fn s(frames: &[&str]) -> Stack {
-        Stack {
-            tid: 1,
-            frames: frames.iter().map(|f| f.to_string()).collect(),
+    fn run(samples: &[&str]) -> Samples {
+        let mut text = String::new();
+        for (k, frames) in samples.iter().enumerate() {
+            text.push_str(&format!(" 1 1.{k:09}: \n"));
+            for f in frames.split(';') {
+                text.push_str(&format!("\t1 {f} (/t)\n"));
+            }
+            text.push('\n');
         }
+        mt_agent::report::stack_need::parse_samples(text.as_bytes()).unwrap()
     }
 
     #[test]
     fn a_sample_needs_the_smallest_size_that_keeps_its_whole_stack() {
-        let full = vec![s(&["f", "main", "_start"]), s(&["g", "main"])];
-        let mut stacks = vec![full.clone(); SIZES.len()];
+        let full = run(&["f;main;_start", "g;main"]);
         // The first sample loses main below SIZES[3]; the second never does.
-        for at in stacks.iter_mut().skip(4) {
-            at[0] = s(&["f"]);
-        }
+        let stacks: Vec<Samples> = (0..SIZES.len())
+            .map(|k| if k < 4 { run(&["f;main;_start", "g;main"]) } else { run(&["f", "g;main"]) })
+            .collect();
         assert_eq!(needed(&full, &stacks), vec![Some(SIZES[3]), Some(512)]);
-        assert!(reaches_start(&full[0]) && !reaches_start(&full[1]));
+        assert!(reaches_start(&full, 0) && !reaches_start(&full, 1));
     }
 }

@@ -1,0 +1,486 @@
+//! Where each frame of a DWARF sample lay on its thread's stack: its
+//! canonical frame address (CFA), the value the stack pointer had in the
+//! caller just before the call (DWARF 5, §6.4 "Call Frame Information";
+//! on x86-64 the return address is the 8 bytes below it).
+//!
+//! `perf script` gives each frame's address and name, not its place on the
+//! stack. So the report unwinds each sample's stack copy once more, with
+//! framehop (docs/dependencies.md) and the same `.eh_frame` tables perf
+//! uses, read from the run's build-id cache or, without one, from the
+//! objects' paths. A frame whose return address lies beyond the copy still
+//! gets its CFA: the unwinder asks for the return address there, and
+//! [`BEYOND`] stands in for it, so the CFA is computed before the read
+//! would fail. The frames perf gave are then matched to these by address
+//! (report/samples.rs), and cut stacks are completed from other stacks
+//! that had the same frame at the same CFA (report/graft.rs, `Links`;
+//! docs/unwinding.md, "Completing cut stacks by frame address").
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{BufReader, Read as _, Seek as _, SeekFrom},
+    ops::Range,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use framehop::{
+    ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _,
+    x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64},
+};
+use linux_perf_data::{
+    PerfFileReader, PerfFileRecord,
+    linux_perf_event_reader::{
+        EventRecord, Mmap2FileId, RawData, SampleRecord,
+        constants::{PERF_REG_X86_BP, PERF_REG_X86_IP, PERF_REG_X86_SP},
+    },
+};
+use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+
+use crate::sys::safe_open::{Dir, Scope};
+
+/// What the unwinder reads for an address past the end of a stack copy: a
+/// return address no code has (the top of the non-canonical hole), so
+/// the frame below it is known to be the copy's last, with its CFA.
+const BEYOND: u64 = 0x5eed_0000_0000_0000;
+
+/// The most frames followed in one stack (perf's own limit is 127 by
+/// default, `kernel.perf_event_max_stack`; deeper recursion is cut).
+const MAX_FRAMES: usize = 512;
+
+/// The CFA given to a thread's first frame: above every other, as a
+/// caller's CFA is above its callee's.
+pub const FIRST_FRAME: u64 = u64::MAX;
+
+/// One frame as the unwinder found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    /// Index in [`Unwinds::objects`]; `u32::MAX` outside every mapping.
+    pub object: u32,
+    /// The address as `perf script` prints it: relative to the object's
+    /// mapping (`map__map_ip`), and one less for a return address (perf
+    /// names the call instruction, not the one after it).
+    pub ip: u64,
+    /// The frame's CFA; [`FIRST_FRAME`] for the thread's first frame,
+    /// which the unwinder found nothing beyond.
+    pub cfa: u64,
+}
+
+/// One sample's frames, leaf first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unwound {
+    pub frames: Vec<Frame>,
+    /// The unwinder found the stack's end (a return address of 0, or the
+    /// outermost frame's unwind rule says so): the last frame is the
+    /// thread's first.
+    pub reached_end: bool,
+}
+
+/// The samples of one perf.data file, unwound, by (tid, time).
+#[derive(Debug, Default)]
+pub struct Unwinds {
+    /// The mapped files, as perf names them (the mmap's path).
+    pub objects: Vec<String>,
+    samples: HashMap<(u32, u64), Vec<Unwound>>,
+}
+
+impl Unwinds {
+    /// The next unwound sample of thread `tid` at `time_ns` (perf's sample
+    /// time), in file order.
+    pub fn take(&mut self, tid: u32, time_ns: u64) -> Option<Unwound> {
+        let list = self.samples.get_mut(&(tid, time_ns))?;
+        (!list.is_empty()).then(|| list.remove(0))
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Unwinds every sample of `file` that carries a user stack copy and user
+/// registers. Objects come from `buildid_dir` (the run's build-id cache,
+/// by the build-id perf recorded) when it holds them, else from their
+/// paths when their build-id matches. Errors: the file is not perf.data.
+pub fn unwind(file: &File, buildid_dir: Option<&Path>) -> Result<Unwinds, String> {
+    let mut f = super::jitdump::reopen(file).map_err(|e| e.to_string())?;
+    f.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let reader = PerfFileReader::parse_file(BufReader::with_capacity(1 << 20, f))
+        .map_err(|e| format!("reading perf.data: {e}"))?;
+    let PerfFileReader {
+        mut perf_file,
+        mut record_iter,
+    } = reader;
+    let build_ids: HashMap<Vec<u8>, Vec<u8>> = perf_file
+        .build_ids()
+        .unwrap_or_default()
+        .into_values()
+        .map(|d| (d.path, d.build_id))
+        .collect();
+    let mut state = State {
+        loader: Loader::new(buildid_dir, build_ids),
+        processes: HashMap::new(),
+        cache: CacheX86_64::new(),
+        out: Unwinds::default(),
+    };
+    while let Ok(Some(r)) = record_iter.next_record(&mut perf_file) {
+        if let PerfFileRecord::EventRecord { record, .. } = r
+            && let Ok(e) = record.parse()
+        {
+            state.record(e);
+        }
+    }
+    Ok(state.out)
+}
+
+/// A mapping of a process: its addresses and what perf names it by.
+#[derive(Debug, Clone)]
+struct Map {
+    avma: Range<u64>,
+    pgoff: u64,
+    object: u32,
+}
+
+#[derive(Clone, Default)]
+struct Process {
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    maps: Vec<Map>,
+}
+
+struct State {
+    loader: Loader,
+    processes: HashMap<i32, Process>,
+    cache: CacheX86_64,
+    out: Unwinds,
+}
+
+impl State {
+    fn record(&mut self, e: EventRecord) {
+        match e {
+            EventRecord::Mmap2(m) => {
+                let build_id = match &m.file_id {
+                    Mmap2FileId::BuildId(b) => Some(b.clone()),
+                    Mmap2FileId::InodeAndVersion(_) => None,
+                };
+                let exec = m.protection & libc::PROT_EXEC as u32 != 0;
+                let path = m.path.as_slice().to_vec();
+                self.map(m.pid, m.address..m.address + m.length, m.page_offset, path, build_id, exec);
+            }
+            EventRecord::Mmap(m) => {
+                let path = m.path.as_slice().to_vec();
+                let exec = m.is_executable;
+                self.map(m.pid, m.address..m.address + m.length, m.page_offset, path, None, exec);
+            }
+            EventRecord::Fork(f) if f.pid != f.ppid => {
+                let parent = self.processes.get(&f.ppid).cloned().unwrap_or_default();
+                self.processes.insert(f.pid, parent);
+            }
+            EventRecord::Comm(c) if c.is_execve => {
+                self.processes.insert(c.pid, Process::default());
+            }
+            EventRecord::Sample(s) => self.sample(&s),
+            _ => {}
+        }
+    }
+
+    fn map(
+        &mut self,
+        pid: i32,
+        avma: Range<u64>,
+        pgoff: u64,
+        path: Vec<u8>,
+        build_id: Option<Vec<u8>>,
+        exec: bool,
+    ) {
+        let name = String::from_utf8_lossy(&path).into_owned();
+        let object = match self.out.objects.iter().position(|o| *o == name) {
+            Some(i) => i as u32,
+            None => {
+                self.out.objects.push(name.clone());
+                (self.out.objects.len() - 1) as u32
+            }
+        };
+        let p = self.processes.entry(pid).or_default();
+        p.maps.retain(|m| m.avma.end <= avma.start || m.avma.start >= avma.end);
+        p.maps.push(Map {
+            avma: avma.clone(),
+            pgoff,
+            object,
+        });
+        if !exec || !name.starts_with('/') {
+            return;
+        }
+        if let Some(s) = self.loader.sections(&path, build_id) {
+            p.unwinder.add_module(s.module(&name, avma, pgoff));
+        }
+    }
+
+    fn sample(&mut self, s: &SampleRecord) {
+        let (Some(pid), Some(tid), Some(time)) = (s.pid, s.tid, s.timestamp) else {
+            return;
+        };
+        let (Some((stack, dyn_size)), Some(regs)) = (&s.user_stack, &s.user_regs) else {
+            return;
+        };
+        let Some(p) = self.processes.get(&pid) else {
+            return;
+        };
+        let bytes: std::borrow::Cow<[u8]> = match stack {
+            RawData::Single(b) => (*b).into(),
+            RawData::Split(a, b) => [*a, *b].concat().into(),
+        };
+        let copy = &bytes[..(*dyn_size as usize).min(bytes.len())];
+        let reg = |r| regs.get(r).unwrap_or(0);
+        let start = (reg(PERF_REG_X86_IP), reg(PERF_REG_X86_SP), reg(PERF_REG_X86_BP));
+        let unwound = unwind_copy(p, &mut self.cache, start, copy);
+        let key = (tid as u32, time);
+        self.out.samples.entry(key).or_default().push(unwound);
+    }
+}
+
+/// Unwinds one stack copy taken at `(ip, sp, bp)`.
+fn unwind_copy(p: &Process, cache: &mut CacheX86_64, start: (u64, u64, u64), copy: &[u8]) -> Unwound {
+    let (ip, sp, bp) = start;
+    let mut read = |a: u64| -> Result<u64, ()> {
+        let at = usize::try_from(a.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+        match copy.get(at..at + 8) {
+            Some(w) => Ok(u64::from_le_bytes(w.try_into().expect("8 bytes"))),
+            None => Ok(BEYOND),
+        }
+    };
+    let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+    let mut address = FrameAddress::from_instruction_pointer(ip);
+    let mut out = Unwound::default();
+    while out.frames.len() < MAX_FRAMES {
+        let step = p.unwinder.unwind_frame(address, &mut regs, cache, &mut read);
+        let here = address.address();
+        let (object, ip) = p.perf_ip(here, matches!(address, FrameAddress::ReturnAddress(_)));
+        match step {
+            Ok(Some(ra)) => {
+                out.frames.push(Frame {
+                    object,
+                    ip,
+                    cfa: regs.sp(),
+                });
+                match FrameAddress::from_return_address(ra) {
+                    Some(next) if ra != BEYOND => address = next,
+                    _ => break,
+                }
+            }
+            Ok(None) => {
+                // The end of the stack: this frame is the first, and
+                // nothing lies beyond it.
+                out.frames.push(Frame {
+                    object,
+                    ip,
+                    cfa: FIRST_FRAME,
+                });
+                out.reached_end = true;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+impl Process {
+    /// `address` as perf prints it, with its object.
+    fn perf_ip(&self, address: u64, is_return: bool) -> (u32, u64) {
+        let address = address - u64::from(is_return);
+        match self.maps.iter().find(|m| m.avma.contains(&address)) {
+            Some(m) => (m.object, address - m.avma.start + m.pgoff),
+            None => (u32::MAX, address),
+        }
+    }
+}
+
+/// What framehop needs of an object, read once per (path, build-id).
+struct Sections {
+    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
+    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+    text: Option<Range<u64>>,
+    got: Option<Range<u64>>,
+    /// (file offset, file size, address) of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl Sections {
+    fn read(file: &File) -> Option<Sections> {
+        let data = object::ReadCache::new(file);
+        let elf = object::File::parse(&data).ok()?;
+        let section = |name: &str| {
+            let s = elf.section_by_name(name)?;
+            Some((s.address()..s.address() + s.size(), Arc::<[u8]>::from(s.data().ok()?)))
+        };
+        let range = |name: &str| elf.section_by_name(name).map(|s| s.address()..s.address() + s.size());
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, size, s.address())
+            })
+            .collect();
+        Some(Sections {
+            eh_frame: section(".eh_frame"),
+            eh_frame_hdr: section(".eh_frame_hdr"),
+            text: range(".text"),
+            got: range(".got"),
+            segments,
+        })
+    }
+
+    /// The module for a mapping of this object at `avma` from file offset
+    /// `pgoff`: its addresses are the object's shifted by where the
+    /// segment holding `pgoff` was mapped.
+    fn module(&self, name: &str, avma: Range<u64>, pgoff: u64) -> Module<Arc<[u8]>> {
+        let base = self
+            .segments
+            .iter()
+            .find(|(offset, size, _)| (*offset..offset + size.max(&1)).contains(&pgoff))
+            .map_or(avma.start, |(offset, _, vaddr)| {
+                avma.start.wrapping_sub(vaddr + (pgoff - offset))
+            });
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: self.text.clone(),
+            got_svma: self.got.clone(),
+            eh_frame_svma: self.eh_frame.as_ref().map(|s| s.0.clone()),
+            eh_frame: self.eh_frame.as_ref().map(|s| s.1.clone()),
+            eh_frame_hdr_svma: self.eh_frame_hdr.as_ref().map(|s| s.0.clone()),
+            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|s| s.1.clone()),
+            ..Default::default()
+        };
+        Module::new(name.to_string(), avma, base, info)
+    }
+}
+
+/// Finds and reads the objects, once each.
+struct Loader {
+    cache_dir: Option<Dir>,
+    /// perf.data's build-id table (`HEADER_BUILD_ID`): path → build-id.
+    build_ids: HashMap<Vec<u8>, Vec<u8>>,
+    read: HashMap<(Vec<u8>, Option<Vec<u8>>), Option<Arc<Sections>>>,
+}
+
+impl Loader {
+    fn new(buildid_dir: Option<&Path>, build_ids: HashMap<Vec<u8>, Vec<u8>>) -> Self {
+        Loader {
+            cache_dir: buildid_dir.and_then(|d| Dir::open(d).ok()),
+            build_ids,
+            read: HashMap::new(),
+        }
+    }
+
+    fn sections(&mut self, path: &[u8], build_id: Option<Vec<u8>>) -> Option<Arc<Sections>> {
+        let build_id = build_id.or_else(|| self.build_ids.get(path).cloned());
+        let key = (path.to_vec(), build_id);
+        if let Some(s) = self.read.get(&key) {
+            return s.clone();
+        }
+        let s = self.open(&key.0, key.1.as_deref()).and_then(|f| Sections::read(&f)).map(Arc::new);
+        self.read.insert(key, s.clone());
+        s
+    }
+
+    /// The object: the build-id cache's copy, else the file at its path
+    /// if it is the one recorded (same build-id, where one was).
+    fn open(&self, path: &[u8], build_id: Option<&[u8]>) -> Option<File> {
+        let hex = build_id.map(crate::capture::build_id_cache::hex);
+        if let (Some(dir), Some(hex)) = (&self.cache_dir, &hex) {
+            let rel = PathBuf::from(".build-id").join(&hex[..2]).join(&hex[2..]).join("elf");
+            if let Ok(o) = dir.open_file(&rel, Scope::InRoot) {
+                return Some(o.file);
+            }
+        }
+        let path = Path::new(std::str::from_utf8(path).ok()?);
+        let mut o = crate::sys::safe_open::open_labelled(path).ok()?;
+        let mut magic = [0u8; 4];
+        (o.file.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF").then_some(())?;
+        if let Some(want) = build_id {
+            let found = crate::symbols::elf::gnu_build_id(&object::ReadCache::new(&o.file));
+            (found.as_deref() == Some(want)).then_some(())?;
+        }
+        Some(o.file)
+    }
+}
+
+/// Kernel addresses (the upper half), which perf prints as they are.
+const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+
+/// The CFA of each of perf's frames of one sample, where `u` holds it:
+/// `perf` is the sample's frames as `perf script` printed them (leaf
+/// first; address and object), `u` the same sample unwound here, naming
+/// its objects from `objects`. Kernel frames, which come first, are
+/// passed over; then perf's frames and `u`'s are matched in order by
+/// object and address. An inlined function's frame, which perf prints
+/// with the address of the frame it was inlined into, takes that frame's
+/// CFA. From the first frame that does not match, 0 (unknown). Also
+/// returns whether the stack is whole: `u` reached the stack's end and
+/// perf's frames matched all of `u`'s.
+pub fn align(perf: &[(u64, &str)], u: &Unwound, objects: &[String]) -> (Vec<u64>, bool) {
+    let mut cfas = vec![0; perf.len()];
+    let mut k = 0;
+    let mut previous: Option<(u64, &str)> = None;
+    for (i, &(ip, object)) in perf.iter().enumerate() {
+        if previous.is_none() && (ip >= KERNEL_START || object == "[kernel.kallsyms]") {
+            continue;
+        }
+        let same = |f: &Frame| f.ip == ip && objects.get(f.object as usize).is_some_and(|o| o == object);
+        if let Some(f) = u.frames.get(k).filter(|f| same(f)) {
+            cfas[i] = f.cfa;
+            k += 1;
+        } else if previous == Some((ip, object)) && k > 0 {
+            cfas[i] = u.frames[k - 1].cfa;
+        } else {
+            break;
+        }
+        previous = Some((ip, object));
+    }
+    let whole = u.reached_end && k == u.frames.len();
+    (cfas, whole)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unwound(frames: &[(u32, u64, u64)], reached_end: bool) -> Unwound {
+        Unwound {
+            frames: frames
+                .iter()
+                .map(|&(object, ip, cfa)| Frame { object, ip, cfa })
+                .collect(),
+            reached_end,
+        }
+    }
+
+    #[test]
+    fn perfs_frames_get_the_cfas_of_the_frames_they_match() {
+        let objects = vec!["/bin/t".to_string(), "/lib/libc.so.6".to_string()];
+        let u = unwound(&[(1, 0x10, 100), (0, 0x20, 200), (0, 0x30, FIRST_FRAME)], true);
+        // Kernel frames first, an inlined frame (same address twice).
+        let perf = [
+            (0xffffffff81000000, "[kernel.kallsyms]"),
+            (0x10, "/lib/libc.so.6"),
+            (0x20, "/bin/t"),
+            (0x20, "/bin/t"),
+            (0x30, "/bin/t"),
+        ];
+        let (cfas, whole) = align(&perf, &u, &objects);
+        assert_eq!(cfas, vec![0, 100, 200, 200, FIRST_FRAME]);
+        assert!(whole);
+        // perf stopped early: not whole; a frame that differs ends the
+        // match, and perf's garbage frame after a cut copy gets nothing.
+        let (cfas, whole) = align(&perf[..3], &u, &objects);
+        assert_eq!((cfas, whole), (vec![0, 100, 200], false));
+        let other = [(0x10, "/lib/libc.so.6"), (0x28, "/bin/t"), (0x30, "/bin/t")];
+        assert_eq!(align(&other, &u, &objects).0, vec![100, 0, 0]);
+        let cut = unwound(&[(1, 0x10, 100), (0, 0x20, 200)], false);
+        let garbage = [(0x10, "/lib/libc.so.6"), (0x20, "/bin/t"), (u64::MAX, "[unknown]")];
+        assert_eq!(align(&garbage, &cut, &objects), (vec![100, 200, 0], false));
+    }
+}

@@ -1,0 +1,360 @@
+//! A snapshot's cut DWARF stacks completed (docs/unwinding.md, "When
+//! stacks stop short"): first by their frames' places on the stack
+//! ([`graft::Links`], from the CFAs report/cfa.rs finds), then, for those
+//! that cannot be, by their outermost frames' names ([`graft::Complete`]).
+//! Both learn from the snapshot's own stacks and from the run's donors,
+//! the whole stacks of `auto`'s measurement kept in run.json.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{
+    cfa,
+    graft::{self, Complete, Links},
+    samples::{Sample, Samples},
+};
+use crate::output::run_file::{DonorStack, StackDonors};
+
+/// A stack of (frame, object) ids, with each frame's CFA (0: unknown).
+struct Donated {
+    tid: u32,
+    frames: Vec<(u32, u32)>,
+    cfas: Vec<u64>,
+    reached_end: bool,
+}
+
+/// Each thread's distinct complete stacks, in the order given (the first
+/// a cut stack passes through is the one grafted from).
+fn complete_by_thread<'a>(
+    stacks: impl Iterator<Item = (u32, &'a [(u32, u32)])>,
+) -> HashMap<u32, Complete<'a, (u32, u32)>> {
+    let mut by_thread: HashMap<u32, Vec<&'a [(u32, u32)]>> = HashMap::new();
+    let mut seen = HashSet::new();
+    for (tid, s) in stacks {
+        if seen.insert((tid, s)) {
+            by_thread.entry(tid).or_default().push(s);
+        }
+    }
+    by_thread
+        .into_iter()
+        .map(|(tid, s)| (tid, Complete::new(s)))
+        .collect()
+}
+
+impl Samples {
+    /// Each frame's CFA, from `unwinds` (this file's samples unwound
+    /// again, report/cfa.rs): a sample is found by its thread and time,
+    /// and its frames matched to perf's by address ([`cfa::align`]).
+    pub fn attach_cfas(&mut self, mut unwinds: cfa::Unwinds) {
+        let cpu = self.samples.len();
+        for k in 0..cpu + self.sched_switch_samples.len() {
+            let s = *self.sample_at(k);
+            let Some(u) = unwinds.take(s.tid, s.time_ns) else {
+                continue;
+            };
+            let range = s.start as usize..(s.start + s.len) as usize;
+            let perf: Vec<(u64, &str)> = range
+                .clone()
+                .map(|i| {
+                    let object = &self.objects[self.frame_objects[i] as usize];
+                    (self.frame_ips[i], object.as_str())
+                })
+                .collect();
+            let (cfas, whole) = cfa::align(&perf, &u, &unwinds.objects);
+            self.frame_cfas[range].copy_from_slice(&cfas);
+            self.sample_at_mut(k).reached_end = whole;
+        }
+    }
+
+    /// Completes the stacks cut where their DWARF copy ended, from this
+    /// file's stacks (CPU and `sched_switch` ones alike) and the run's
+    /// `donors`: by the frames' places on the stack where the cut stack's
+    /// outermost frame has a known CFA and a way out to a thread's first
+    /// frame ([`Links`]), else by the names of its outermost frames, from
+    /// the complete stacks of its thread ([`Complete`]). Which samples have
+    /// DWARF copies comes from perf's command line: the CPU samples with
+    /// `--call-graph dwarf`, the `sched_switch` ones then and when their
+    /// event has its own (`sched:sched_switch/call-graph=dwarf,...`, the
+    /// off-CPU breakdown of a frame-pointer run). A frame-pointer stack is
+    /// not cut by a copy's size, and is left as it is.
+    pub fn graft_cut_stacks(&mut self, donors: &StackDonors) {
+        let Some(copied) = self.dwarf_copies() else {
+            return;
+        };
+        let donated = self.intern_donors(donors);
+        let start: Vec<bool> = self.names.iter().map(|n| graft::is_start(n)).collect();
+        let unknown = self.ids.get("[unknown]").copied();
+        // Frames with their objects: a grafted frame brings its own.
+        let pairs: Vec<(u32, u32)> = self
+            .frames
+            .iter()
+            .copied()
+            .zip(self.frame_objects.iter().copied())
+            .collect();
+        let n = self.samples.len() + self.sched_switch_samples.len();
+        let with_copies: Vec<Sample> = (0..n)
+            .filter(|&k| copied(k))
+            .map(|k| *self.sample_at(k))
+            .collect();
+        let range = |s: &Sample| s.start as usize..(s.start + s.len) as usize;
+        let ends_at_start = |s: &[(u32, u32)]| s.last().is_some_and(|&(f, _)| start[f as usize]);
+        let links = self.links(&with_copies, &pairs, &donated);
+        // Every complete stack is a reference, a frame-pointer one too.
+        let all: Vec<Sample> = (0..n).map(|k| *self.sample_at(k)).collect();
+        let own = all.iter().map(|s| (s.tid, &pairs[range(s)]));
+        let given = donated.iter().map(|d| (d.tid, d.frames.as_slice()));
+        let complete = complete_by_thread(own.chain(given).filter(|(_, s)| ends_at_start(s)));
+        let mut grown = Vec::new();
+        for (k, s) in (0..n).filter(|&k| copied(k)).zip(&with_copies) {
+            if s.reached_end {
+                continue;
+            }
+            let cut = &pairs[range(s)];
+            let cfas = &self.frame_cfas[range(s)];
+            // perf's own last frame after a cut copy is garbage: an
+            // address it could not name, with no CFA.
+            let kept = cut.len()
+                - cut
+                    .iter()
+                    .zip(cfas)
+                    .rev()
+                    .take_while(|((f, _), c)| Some(*f) == unknown && **c == 0)
+                    .count();
+            if let Some(tail) = kept
+                .checked_sub(1)
+                .filter(|&i| cfas[i] != 0)
+                .and_then(|i| links.complete(&(cut[i], cfas[i])))
+            {
+                grown.push((k, [&cut[..kept], &tail[..]].concat()));
+                continue;
+            }
+            let Some(refs) = complete.get(&s.tid).filter(|_| !ends_at_start(cut)) else {
+                continue;
+            };
+            let stack = refs.graft(
+                cut,
+                |&(f, _)| start[f as usize],
+                |&(f, _)| Some(f) == unknown,
+            );
+            if let Some(stack) = stack {
+                grown.push((k, stack));
+            }
+        }
+        self.grafted = grown.len();
+        self.replace_stacks(grown);
+    }
+
+    /// Which samples (CPU ones first, then `sched_switch` ones, by index)
+    /// carry DWARF copies, from perf's command line; `None`: none do.
+    fn dwarf_copies(&self) -> Option<impl Fn(usize) -> bool + use<>> {
+        let cmdline = self.cmdline.as_deref().unwrap_or("");
+        let cpu_dwarf = ["--call-graph dwarf", "--call-graph=dwarf"]
+            .iter()
+            .any(|o| cmdline.contains(o));
+        let switch_dwarf = cpu_dwarf || cmdline.contains("sched_switch/call-graph=dwarf");
+        let cpu = self.samples.len();
+        switch_dwarf.then_some(move |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf })
+    }
+
+    /// The links of every stack with a DWARF copy and of the donors.
+    fn links(&self, with_copies: &[Sample], pairs: &[(u32, u32)], donated: &[Donated]) -> Links<(u32, u32)> {
+        let mut links = Links::default();
+        let mut stack = Vec::new();
+        for s in with_copies {
+            let range = s.start as usize..(s.start + s.len) as usize;
+            stack.clear();
+            stack.extend(pairs[range.clone()].iter().copied().zip(self.frame_cfas[range].iter().copied()));
+            links.add(&stack, s.reached_end);
+        }
+        for d in donated.iter().filter(|d| d.cfas.len() == d.frames.len()) {
+            stack.clear();
+            stack.extend(d.frames.iter().copied().zip(d.cfas.iter().copied()));
+            links.add(&stack, d.reached_end);
+        }
+        links
+    }
+
+    /// `donors`' stacks as this file's (frame, object) ids; a stack naming
+    /// an object `donors` does not hold is left out.
+    fn intern_donors(&mut self, donors: &StackDonors) -> Vec<Donated> {
+        let objects: Vec<u32> = donors.objects.iter().map(|o| self.object(o)).collect();
+        let mut out = Vec::with_capacity(donors.stacks.len());
+        for d in &donors.stacks {
+            let frames: Option<Vec<(u32, u32)>> = d
+                .frames
+                .iter()
+                .map(|(name, o)| Some((self.intern(name), *objects.get(*o as usize)?)))
+                .collect();
+            out.extend(frames.map(|frames| Donated {
+                tid: d.tid,
+                frames,
+                cfas: d.cfas.clone(),
+                reached_end: d.reached_end,
+            }));
+        }
+        out
+    }
+
+    /// The distinct whole CPU-sample stacks of each thread (by their
+    /// addresses, or ending in a thread-start frame), in file order, with
+    /// their frames' CFAs, as [`StackDonors`], until they take about
+    /// `max_bytes` of JSON.
+    pub fn whole_stacks(&self, max_bytes: usize) -> StackDonors {
+        self.whole_stacks_of(0..self.samples.len(), max_bytes)
+    }
+
+    /// [`Self::whole_stacks`] of the CPU samples in `range` only.
+    pub fn whole_stacks_of(&self, range: std::ops::Range<usize>, max_bytes: usize) -> StackDonors {
+        let mut seen = HashSet::new();
+        let mut out = StackDonors {
+            objects: self.objects.clone(),
+            stacks: Vec::new(),
+        };
+        let mut bytes = 0;
+        for s in &self.samples[range] {
+            let range = s.start as usize..(s.start + s.len) as usize;
+            let stack = self.stack(s);
+            let cfas = &self.frame_cfas[range.clone()];
+            let named = stack.last().is_some_and(|&f| graft::is_start(self.name(f)));
+            if !(s.reached_end || named) || !seen.insert((s.tid, stack, cfas)) {
+                continue;
+            }
+            let frames: Vec<(String, u32)> = stack
+                .iter()
+                .map(|&f| self.name(f).to_string())
+                .zip(self.frame_objects[range].iter().copied())
+                .collect();
+            let with_cfas = cfas.iter().any(|&c| c != 0);
+            bytes += frames.iter().map(|(n, _)| n.len() + 8).sum::<usize>() + 24;
+            bytes += if with_cfas { 16 * cfas.len() } else { 0 };
+            if bytes > max_bytes {
+                break;
+            }
+            out.stacks.push(DonorStack {
+                tid: s.tid,
+                frames,
+                cfas: if with_cfas { cfas.to_vec() } else { Vec::new() },
+                reached_end: s.reached_end,
+            });
+        }
+        out
+    }
+
+    /// Gives sample `k` (CPU samples first, then `sched_switch` ones) the
+    /// call chain `stack` of (frame, object) ids, appended to the frames.
+    fn replace_stacks(&mut self, stacks: Vec<(usize, Vec<(u32, u32)>)>) {
+        for (k, stack) in stacks {
+            let old = *self.sample_at(k);
+            let at = self.frames.len() as u32;
+            for (i, (f, o)) in stack.iter().enumerate() {
+                // The frames kept from the cut stack keep their address
+                // and CFA.
+                let j = old.start as usize + i;
+                let kept = i < old.len as usize && (self.frames[j], self.frame_objects[j]) == (*f, *o);
+                let (ip, cfa) = if kept { (self.frame_ips[j], self.frame_cfas[j]) } else { (u64::MAX, 0) };
+                self.frames.push(*f);
+                self.frame_objects.push(*o);
+                self.frame_ips.push(ip);
+                self.frame_cfas.push(cfa);
+            }
+            let s = self.sample_at_mut(k);
+            s.start = at;
+            s.len = stack.len() as u32;
+        }
+    }
+
+    /// Sample `k`: CPU samples first, then `sched_switch` ones.
+    pub(super) fn sample_at(&self, k: usize) -> &Sample {
+        match self.samples.get(k) {
+            Some(s) => s,
+            None => &self.sched_switch_samples[k - self.samples.len()].sample,
+        }
+    }
+
+    fn sample_at_mut(&mut self, k: usize) -> &mut Sample {
+        let cpu = self.samples.len();
+        match self.samples.get_mut(k) {
+            Some(s) => s,
+            None => &mut self.sched_switch_samples[k - cpu].sample,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::samples::parse;
+    use super::*;
+
+    /// perf script's output of a DWARF run: (tid, frames) per sample.
+    fn run(samples: &[(u32, &str)]) -> Samples {
+        let mut text = String::from("# cmdline : perf record --call-graph dwarf,1024\n");
+        for (k, (tid, frames)) in samples.iter().enumerate() {
+            text.push_str(&format!(" {tid} 1.{k:09}: \n"));
+            for f in frames.split(';') {
+                let object = if f == "[unknown]" { "[unknown]" } else { "/srv" };
+                text.push_str(&format!("\t1 {f} ({object})\n"));
+            }
+            text.push('\n');
+        }
+        parse(text.as_bytes()).unwrap()
+    }
+
+    /// Gives sample `k` its frames' CFAs, as `attach_cfas` would.
+    fn place(s: &mut Samples, k: usize, cfas: &[u64], reached_end: bool) {
+        let x = s.samples[k];
+        let at = x.start as usize;
+        s.frame_cfas[at..at + cfas.len()].copy_from_slice(cfas);
+        s.samples[k].reached_end = reached_end;
+    }
+
+    fn names(s: &Samples, k: usize) -> String {
+        let x = &s.samples[k];
+        let n: Vec<&str> = s.stack(x).iter().map(|&i| s.name(i)).collect();
+        n.join(";")
+    }
+
+    const END: u64 = cfa::FIRST_FRAME;
+
+    #[test]
+    fn cut_stacks_are_completed_by_their_frames_places_first() {
+        let mut s = run(&[
+            (5, "leaf;a;b;main;_start"),
+            // Another process forked from the same parent: cut at a@200,
+            // which the first stack passed through.
+            (6, "x;a;[unknown]"),
+            // The same names at another place: the names graft, from its
+            // own thread's complete stack, does it.
+            (5, "y;a;b;[unknown]"),
+            // Whole by perf's names but not by the unwinder (main is
+            // not the thread's first frame here): followed on.
+            (5, "z;b;main"),
+        ]);
+        place(&mut s, 0, &[100, 200, 300, 400, END], true);
+        place(&mut s, 1, &[150, 200, 0], false);
+        place(&mut s, 2, &[120, 250, 350, 0], false);
+        place(&mut s, 3, &[280, 300, 400], false);
+        s.graft_cut_stacks(&StackDonors::default());
+        assert_eq!(s.grafted, 3);
+        assert_eq!(names(&s, 1), "x;a;b;main;_start");
+        assert_eq!(names(&s, 2), "y;a;b;main;_start");
+        assert_eq!(names(&s, 3), "z;b;main;_start");
+        assert_eq!(names(&s, 0), "leaf;a;b;main;_start");
+    }
+
+    #[test]
+    fn donors_bring_their_places_and_ends() {
+        let mut whole = run(&[(5, "leaf;a;b;main;_start")]);
+        place(&mut whole, 0, &[100, 200, 300, 400, END], true);
+        let donors = whole.whole_stacks(1 << 20);
+        assert_eq!(donors.stacks[0].cfas, [100, 200, 300, 400, END]);
+        assert!(donors.stacks[0].reached_end);
+        // A thread with no whole stack of its own, in the snapshot.
+        let mut s = run(&[(9, "q;b;[unknown]")]);
+        place(&mut s, 0, &[290, 300, 0], false);
+        s.graft_cut_stacks(&donors);
+        assert_eq!(names(&s, 0), "q;b;main;_start");
+        // Without the places, the names graft has no stack of thread 9.
+        let mut s = run(&[(9, "q;b;[unknown]")]);
+        s.graft_cut_stacks(&donors);
+        assert_eq!((s.grafted, names(&s, 0)), (0, "q;b;[unknown]".into()));
+    }
+}
