@@ -133,6 +133,12 @@ fn main() {
         .args(["-O2", "-g", "-fomit-frame-pointer", "-DPREFIX=nofp", "-o"])
         .arg(o("unwind_nofp"))
         .arg(s("unwind.c")));
+    // A pre-fork server with a big frame below its workers, without frame
+    // pointers (cut stacks completed by their frames' places).
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+        .arg(o("deepfork"))
+        .arg(s("deepfork.c")));
 
     println!("cargo:rustc-env=MT_TEST_TARGETS={}", out.display());
 }

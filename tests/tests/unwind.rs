@@ -656,3 +656,74 @@ fn go_keeps_frame_pointers_and_its_stacks_reach_the_goroutine_start() {
         "the report does not say that the Go binary that ran is gone and where it is kept"
     );
 }
+
+/// Each folded line's (frames root first, count) of every `*.all.folded`
+/// file the report wrote under `out/report`.
+fn all_folded(out: &Path) -> Vec<(Vec<String>, u64)> {
+    let mut lines = Vec::new();
+    let mut dirs = vec![out.join("report")];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.to_string_lossy().ends_with(".all.folded") {
+                for l in fs::read_to_string(&p).unwrap().lines() {
+                    let Some((stack, n)) = l.rsplit_once(' ') else {
+                        continue;
+                    };
+                    let frames = stack.split(';').map(str::to_string).collect();
+                    lines.push((frames, n.parse().unwrap_or(0)));
+                }
+            }
+        }
+    }
+    lines
+}
+
+/// PostgreSQL's shape (tests/targets/deepfork.c, no frame pointers): a
+/// master whose main loop holds a 6 KiB frame forks workers after the
+/// agent is armed. `auto` measures the master spinning below that frame
+/// and takes a copy of at most 1024 bytes: from the workers' code no copy
+/// that small reaches `main`, and the workers did not exist when it
+/// measured. Their cut stacks are completed by their frames' places on
+/// the stack (report/graft.rs, `Links`): each worker starts with the
+/// master's stack at the same addresses, which the measurement's donors
+/// hold. By names alone they cannot be: no stack of a worker's own thread
+/// is whole.
+#[test]
+fn forked_workers_cut_stacks_are_completed_by_their_frames_places() {
+    let mut t = Target::start(&target_path("deepfork"), &["3", "400"]);
+    let pid = t.pid().to_string();
+    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
+    agent.wait_armed();
+    t.go();
+    t.wait(Duration::from_secs(60));
+    let run = agent.finish(FINISH);
+    assert_eq!(run.code, Some(0), "{}", run.output());
+    let a = armed(&run);
+    let bytes = a["unwinding"]["copy_measured"]["bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no copy measured: {a}"));
+    assert!(bytes <= 1024, "a copy of {bytes} bytes: {a}");
+    report_ok(&run.out, &[]);
+    let (mut workers, mut whole) = (0, 0);
+    for (frames, n) in all_folded(&run.out) {
+        if frames.iter().any(|f| f == "query_a" || f == "query_b") {
+            workers += n;
+            if frames.first().is_some_and(|f| f == "_start") {
+                whole += n;
+            }
+        }
+    }
+    eprintln!("dwarf,{bytes}: {whole} of {workers} worker samples reach _start");
+    assert!(
+        workers >= 50,
+        "only {workers} worker samples\n{}",
+        run.output()
+    );
+    assert!(
+        whole * 10 >= workers * 9,
+        "{whole} of {workers} worker samples reach _start"
+    );
+}

@@ -49,6 +49,9 @@ pub struct Measured {
     pub whole_percent: f64,
     /// Samples recorded.
     pub samples: usize,
+    /// Threads of the traced processes with no sample in the measurement:
+    /// with any, the size is at least `report::stack_need::UNSEEN_FLOOR`.
+    pub threads_not_sampled: usize,
     /// Wall time of the measurement, recording and unwinding, ms.
     pub ms: f64,
 }
@@ -61,8 +64,15 @@ impl Unwinding {
             Ok(m) => Unwinding {
                 mode: format!("dwarf,{}", m.bytes),
                 reason: format!(
-                    "{}; stack copy measured: {:.1}% of {} samples whole at {} bytes",
-                    self.reason, m.whole_percent, m.samples, m.bytes
+                    "{}; stack copy measured: {:.1}% of {} samples whole at {} bytes{}",
+                    self.reason,
+                    m.whole_percent,
+                    m.samples,
+                    m.bytes,
+                    match m.threads_not_sampled {
+                        0 => String::new(),
+                        n => format!(" (at least 1024: {n} thread(s) had no sample)"),
+                    }
                 ),
                 measure_copy: false,
                 copy_measured: Some(m),

@@ -167,12 +167,26 @@ impl State {
                 };
                 let exec = m.protection & libc::PROT_EXEC as u32 != 0;
                 let path = m.path.as_slice().to_vec();
-                self.map(m.pid, m.address..m.address + m.length, m.page_offset, path, build_id, exec);
+                self.map(
+                    m.pid,
+                    m.address..m.address + m.length,
+                    m.page_offset,
+                    path,
+                    build_id,
+                    exec,
+                );
             }
             EventRecord::Mmap(m) => {
                 let path = m.path.as_slice().to_vec();
                 let exec = m.is_executable;
-                self.map(m.pid, m.address..m.address + m.length, m.page_offset, path, None, exec);
+                self.map(
+                    m.pid,
+                    m.address..m.address + m.length,
+                    m.page_offset,
+                    path,
+                    None,
+                    exec,
+                );
             }
             EventRecord::Fork(f) if f.pid != f.ppid => {
                 let parent = self.processes.get(&f.ppid).cloned().unwrap_or_default();
@@ -204,7 +218,8 @@ impl State {
             }
         };
         let p = self.processes.entry(pid).or_default();
-        p.maps.retain(|m| m.avma.end <= avma.start || m.avma.start >= avma.end);
+        p.maps
+            .retain(|m| m.avma.end <= avma.start || m.avma.start >= avma.end);
         p.maps.push(Map {
             avma: avma.clone(),
             pgoff,
@@ -234,7 +249,11 @@ impl State {
         };
         let copy = &bytes[..(*dyn_size as usize).min(bytes.len())];
         let reg = |r| regs.get(r).unwrap_or(0);
-        let start = (reg(PERF_REG_X86_IP), reg(PERF_REG_X86_SP), reg(PERF_REG_X86_BP));
+        let start = (
+            reg(PERF_REG_X86_IP),
+            reg(PERF_REG_X86_SP),
+            reg(PERF_REG_X86_BP),
+        );
         let unwound = unwind_copy(p, &mut self.cache, start, copy);
         let key = (tid as u32, time);
         self.out.samples.entry(key).or_default().push(unwound);
@@ -242,7 +261,12 @@ impl State {
 }
 
 /// Unwinds one stack copy taken at `(ip, sp, bp)`.
-fn unwind_copy(p: &Process, cache: &mut CacheX86_64, start: (u64, u64, u64), copy: &[u8]) -> Unwound {
+fn unwind_copy(
+    p: &Process,
+    cache: &mut CacheX86_64,
+    start: (u64, u64, u64),
+    copy: &[u8],
+) -> Unwound {
     let (ip, sp, bp) = start;
     let mut read = |a: u64| -> Result<u64, ()> {
         let at = usize::try_from(a.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
@@ -255,7 +279,9 @@ fn unwind_copy(p: &Process, cache: &mut CacheX86_64, start: (u64, u64, u64), cop
     let mut address = FrameAddress::from_instruction_pointer(ip);
     let mut out = Unwound::default();
     while out.frames.len() < MAX_FRAMES {
-        let step = p.unwinder.unwind_frame(address, &mut regs, cache, &mut read);
+        let step = p
+            .unwinder
+            .unwind_frame(address, &mut regs, cache, &mut read);
         let here = address.address();
         let (object, ip) = p.perf_ip(here, matches!(address, FrameAddress::ReturnAddress(_)));
         match step {
@@ -314,9 +340,15 @@ impl Sections {
         let elf = object::File::parse(&data).ok()?;
         let section = |name: &str| {
             let s = elf.section_by_name(name)?;
-            Some((s.address()..s.address() + s.size(), Arc::<[u8]>::from(s.data().ok()?)))
+            Some((
+                s.address()..s.address() + s.size(),
+                Arc::<[u8]>::from(s.data().ok()?),
+            ))
         };
-        let range = |name: &str| elf.section_by_name(name).map(|s| s.address()..s.address() + s.size());
+        let range = |name: &str| {
+            elf.section_by_name(name)
+                .map(|s| s.address()..s.address() + s.size())
+        };
         let segments = elf
             .segments()
             .map(|s| {
@@ -335,15 +367,26 @@ impl Sections {
 
     /// The module for a mapping of this object at `avma` from file offset
     /// `pgoff`: its addresses are the object's shifted by where the
-    /// segment holding `pgoff` was mapped.
+    /// segment that mapping starts was put. That segment is the one whose
+    /// page-aligned start is `pgoff` (an earlier segment may still hold
+    /// that offset: Rust's executables start the code one page after the
+    /// offset in the file, `p_vaddr = p_offset + 0x1000`).
     fn module(&self, name: &str, avma: Range<u64>, pgoff: u64) -> Module<Arc<[u8]>> {
-        let base = self
+        let page = |o: u64| o & !0xfff;
+        let segment = self
             .segments
             .iter()
-            .find(|(offset, size, _)| (*offset..offset + size.max(&1)).contains(&pgoff))
-            .map_or(avma.start, |(offset, _, vaddr)| {
-                avma.start.wrapping_sub(vaddr + (pgoff - offset))
+            .find(|(offset, _, _)| page(*offset) == pgoff)
+            .or_else(|| {
+                self.segments
+                    .iter()
+                    .find(|(offset, size, _)| (page(*offset)..offset + size).contains(&pgoff))
             });
+        // A file offset o is at avma.start + (o - pgoff); the segment maps
+        // its offset to its address.
+        let base = segment.map_or(avma.start, |(offset, _, vaddr)| {
+            (avma.start + offset).wrapping_sub(pgoff + vaddr)
+        });
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: self.text.clone(),
@@ -381,7 +424,10 @@ impl Loader {
         if let Some(s) = self.read.get(&key) {
             return s.clone();
         }
-        let s = self.open(&key.0, key.1.as_deref()).and_then(|f| Sections::read(&f)).map(Arc::new);
+        let s = self
+            .open(&key.0, key.1.as_deref())
+            .and_then(|f| Sections::read(&f))
+            .map(Arc::new);
         self.read.insert(key, s.clone());
         s
     }
@@ -391,7 +437,10 @@ impl Loader {
     fn open(&self, path: &[u8], build_id: Option<&[u8]>) -> Option<File> {
         let hex = build_id.map(crate::capture::build_id_cache::hex);
         if let (Some(dir), Some(hex)) = (&self.cache_dir, &hex) {
-            let rel = PathBuf::from(".build-id").join(&hex[..2]).join(&hex[2..]).join("elf");
+            let rel = PathBuf::from(".build-id")
+                .join(&hex[..2])
+                .join(&hex[2..])
+                .join("elf");
             if let Ok(o) = dir.open_file(&rel, Scope::InRoot) {
                 return Some(o.file);
             }
@@ -411,36 +460,47 @@ impl Loader {
 /// Kernel addresses (the upper half), which perf prints as they are.
 const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
+/// What perf prints for the object of an inlined function's frame
+/// (`(inlined)`, perf 6.1 without `--no-inline`).
+pub const INLINED: &str = "inlined";
+
 /// The CFA of each of perf's frames of one sample, where `u` holds it:
 /// `perf` is the sample's frames as `perf script` printed them (leaf
 /// first; address and object), `u` the same sample unwound here, naming
 /// its objects from `objects`. Kernel frames, which come first, are
 /// passed over; then perf's frames and `u`'s are matched in order by
-/// object and address. An inlined function's frame, which perf prints
-/// with the address of the frame it was inlined into, takes that frame's
-/// CFA. From the first frame that does not match, 0 (unknown). Also
-/// returns whether the stack is whole: `u` reached the stack's end and
-/// perf's frames matched all of `u`'s.
+/// address and object. An inlined function's frame has the address of the
+/// frame it was inlined into and [`INLINED`] for an object: the first of
+/// them takes the next frame, the others the CFA of the frame before. From
+/// the first frame that does not match, 0 (unknown). Also returns whether
+/// the stack is whole: `u` reached the stack's end and perf's frames
+/// matched all of `u`'s.
 pub fn align(perf: &[(u64, &str)], u: &Unwound, objects: &[String]) -> (Vec<u64>, bool) {
     let mut cfas = vec![0; perf.len()];
     let mut k = 0;
-    let mut previous: Option<(u64, &str)> = None;
+    let mut previous: Option<u64> = None;
+    let mut all = true;
     for (i, &(ip, object)) in perf.iter().enumerate() {
         if previous.is_none() && (ip >= KERNEL_START || object == "[kernel.kallsyms]") {
             continue;
         }
-        let same = |f: &Frame| f.ip == ip && objects.get(f.object as usize).is_some_and(|o| o == object);
-        if let Some(f) = u.frames.get(k).filter(|f| same(f)) {
+        let next = u.frames.get(k).filter(|f| f.ip == ip);
+        let named = |f: &&Frame| objects.get(f.object as usize).is_some_and(|o| o == object);
+        if let Some(f) = next.filter(named) {
             cfas[i] = f.cfa;
             k += 1;
-        } else if previous == Some((ip, object)) && k > 0 {
+        } else if previous == Some(ip) {
             cfas[i] = u.frames[k - 1].cfa;
+        } else if let Some(f) = next.filter(|_| object == INLINED) {
+            cfas[i] = f.cfa;
+            k += 1;
         } else {
+            all = false;
             break;
         }
-        previous = Some((ip, object));
+        previous = Some(ip);
     }
-    let whole = u.reached_end && k == u.frames.len();
+    let whole = all && u.reached_end && k == u.frames.len();
     (cfas, whole)
 }
 
@@ -461,26 +521,44 @@ mod tests {
     #[test]
     fn perfs_frames_get_the_cfas_of_the_frames_they_match() {
         let objects = vec!["/bin/t".to_string(), "/lib/libc.so.6".to_string()];
-        let u = unwound(&[(1, 0x10, 100), (0, 0x20, 200), (0, 0x30, FIRST_FRAME)], true);
-        // Kernel frames first, an inlined frame (same address twice).
+        let u = unwound(
+            &[(1, 0x10, 100), (0, 0x20, 200), (0, 0x30, FIRST_FRAME)],
+            true,
+        );
+        // Kernel frames first, an inlined frame (perf prints the address
+        // of the frame it is in, and `(inlined)`), an inlined frame alone.
         let perf = [
             (0xffffffff81000000, "[kernel.kallsyms]"),
             (0x10, "/lib/libc.so.6"),
+            (0x20, INLINED),
             (0x20, "/bin/t"),
-            (0x20, "/bin/t"),
-            (0x30, "/bin/t"),
+            (0x30, INLINED),
         ];
         let (cfas, whole) = align(&perf, &u, &objects);
         assert_eq!(cfas, vec![0, 100, 200, 200, FIRST_FRAME]);
         assert!(whole);
+        // Recursion: the same address twice is two frames.
+        let r = unwound(&[(0, 0x20, 200), (0, 0x20, 300)], false);
+        let twice = [(0x20, "/bin/t"), (0x20, "/bin/t")];
+        assert_eq!(align(&twice, &r, &objects).0, vec![200, 300]);
         // perf stopped early: not whole; a frame that differs ends the
         // match, and perf's garbage frame after a cut copy gets nothing.
         let (cfas, whole) = align(&perf[..3], &u, &objects);
         assert_eq!((cfas, whole), (vec![0, 100, 200], false));
         let other = [(0x10, "/lib/libc.so.6"), (0x28, "/bin/t"), (0x30, "/bin/t")];
-        assert_eq!(align(&other, &u, &objects).0, vec![100, 0, 0]);
+        assert_eq!(align(&other, &u, &objects), (vec![100, 0, 0], false));
+        // The unwinder found an end where perf went on: not whole.
+        let short = unwound(&[(1, 0x10, FIRST_FRAME)], true);
+        assert_eq!(
+            align(&perf, &short, &objects),
+            (vec![0, FIRST_FRAME, 0, 0, 0], false)
+        );
         let cut = unwound(&[(1, 0x10, 100), (0, 0x20, 200)], false);
-        let garbage = [(0x10, "/lib/libc.so.6"), (0x20, "/bin/t"), (u64::MAX, "[unknown]")];
+        let garbage = [
+            (0x10, "/lib/libc.so.6"),
+            (0x20, "/bin/t"),
+            (u64::MAX, "[unknown]"),
+        ];
         assert_eq!(align(&garbage, &cut, &objects), (vec![100, 200, 0], false));
     }
 }

@@ -156,13 +156,23 @@ impl Samples {
     }
 
     /// The links of every stack with a DWARF copy and of the donors.
-    fn links(&self, with_copies: &[Sample], pairs: &[(u32, u32)], donated: &[Donated]) -> Links<(u32, u32)> {
+    fn links(
+        &self,
+        with_copies: &[Sample],
+        pairs: &[(u32, u32)],
+        donated: &[Donated],
+    ) -> Links<(u32, u32)> {
         let mut links = Links::default();
         let mut stack = Vec::new();
         for s in with_copies {
             let range = s.start as usize..(s.start + s.len) as usize;
             stack.clear();
-            stack.extend(pairs[range.clone()].iter().copied().zip(self.frame_cfas[range].iter().copied()));
+            stack.extend(
+                pairs[range.clone()]
+                    .iter()
+                    .copied()
+                    .zip(self.frame_cfas[range].iter().copied()),
+            );
             links.add(&stack, s.reached_end);
         }
         for d in donated.iter().filter(|d| d.cfas.len() == d.frames.len()) {
@@ -249,8 +259,13 @@ impl Samples {
                 // The frames kept from the cut stack keep their address
                 // and CFA.
                 let j = old.start as usize + i;
-                let kept = i < old.len as usize && (self.frames[j], self.frame_objects[j]) == (*f, *o);
-                let (ip, cfa) = if kept { (self.frame_ips[j], self.frame_cfas[j]) } else { (u64::MAX, 0) };
+                let kept =
+                    i < old.len as usize && (self.frames[j], self.frame_objects[j]) == (*f, *o);
+                let (ip, cfa) = if kept {
+                    (self.frame_ips[j], self.frame_cfas[j])
+                } else {
+                    (u64::MAX, 0)
+                };
                 self.frames.push(*f);
                 self.frame_objects.push(*o);
                 self.frame_ips.push(ip);
@@ -290,7 +305,11 @@ mod tests {
         for (k, (tid, frames)) in samples.iter().enumerate() {
             text.push_str(&format!(" {tid} 1.{k:09}: \n"));
             for f in frames.split(';') {
-                let object = if f == "[unknown]" { "[unknown]" } else { "/srv" };
+                let object = if f == "[unknown]" {
+                    "[unknown]"
+                } else {
+                    "/srv"
+                };
                 text.push_str(&format!("\t1 {f} ({object})\n"));
             }
             text.push('\n');

@@ -113,6 +113,11 @@ impl Samples {
         &self.frames[s.start as usize..(s.start + s.len) as usize]
     }
 
+    /// A sample's frames' CFAs, parallel to [`Self::stack`] (0: unknown).
+    pub fn cfas(&self, s: &Sample) -> &[u64] {
+        &self.frame_cfas[s.start as usize..(s.start + s.len) as usize]
+    }
+
     /// A frame id's name.
     pub fn name(&self, id: u32) -> &str {
         &self.names[id as usize]
@@ -307,9 +312,13 @@ pub fn read_plain(perf: &Path, file: &Path) -> Result<Samples, String> {
 /// samples (`--call-graph dwarf`) or of the off-CPU breakdown's
 /// `sched_switch` ones.
 pub fn has_dwarf_copies(cmdline: &str) -> bool {
-    ["--call-graph dwarf", "--call-graph=dwarf", "call-graph=dwarf"]
-        .iter()
-        .any(|o| cmdline.contains(o))
+    [
+        "--call-graph dwarf",
+        "--call-graph=dwarf",
+        "call-graph=dwarf",
+    ]
+    .iter()
+    .any(|o| cmdline.contains(o))
 }
 
 /// Runs the `perf script` command `cmd` (stdout and stderr piped) and
@@ -429,7 +438,10 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
                 let (name, dso) = frame_name(line);
                 let id = out.intern(&name);
                 out.frames.push(id);
-                let ip = line.split(' ').next().and_then(|a| u64::from_str_radix(a, 16).ok());
+                let ip = line
+                    .split(' ')
+                    .next()
+                    .and_then(|a| u64::from_str_radix(a, 16).ok());
                 out.frame_ips.push(ip.unwrap_or(u64::MAX));
                 out.frame_cfas.push(0);
                 let object = out.object(dso);

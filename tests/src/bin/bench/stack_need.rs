@@ -278,7 +278,13 @@ mod tests {
         let full = run(&["f;main;_start", "g;main"]);
         // The first sample loses main below SIZES[3]; the second never does.
         let stacks: Vec<Samples> = (0..SIZES.len())
-            .map(|k| if k < 4 { run(&["f;main;_start", "g;main"]) } else { run(&["f", "g;main"]) })
+            .map(|k| {
+                if k < 4 {
+                    run(&["f;main;_start", "g;main"])
+                } else {
+                    run(&["f", "g;main"])
+                }
+            })
             .collect();
         assert_eq!(needed(&full, &stacks), vec![Some(SIZES[3]), Some(512)]);
         assert!(reaches_start(&full, 0) && !reaches_start(&full, 1));

@@ -169,7 +169,7 @@ pub fn postgres(dir: &Path, seconds: u64) -> Loaded {
             .output()
             .is_ok_and(|o| o.status.success())
     });
-    let run = Proc::spawn(pgbench(&["-c", "2", "-T", &(seconds + 10).to_string()]));
+    let run = Proc::spawn(pgbench(&["-c", "2", "-T", &(seconds + 120).to_string()]));
     // runuser → postgres; its children are the server's processes.
     let root = children(server.pid() as u32);
     let postmaster = *root.first().expect("postgres under runuser");
