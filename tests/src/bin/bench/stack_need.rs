@@ -140,6 +140,7 @@ fn auto_choice(v: &mut Value, pids: &[u32], dir: &Path, file: &Path) {
         "bytes": bytes,
         "measured_whole_percent": m.measured.whole_percent,
         "measured_samples": m.measured.samples,
+        "threads_not_sampled": m.measured.threads_not_sampled,
         "measure_ms": m.measured.ms,
         "donor_stacks": m.donors.stacks.len(),
         "whole_percent_grafted": own,
