@@ -61,8 +61,40 @@ impl Samples {
                 .collect();
             let (cfas, whole) = cfa::align(&perf, &u, &unwinds.objects);
             self.frame_cfas[range].copy_from_slice(&cfas);
-            self.sample_at_mut(k).reached_end = whole;
+            let s = self.sample_at_mut(k);
+            s.reached_end = whole;
+            s.user_sp = u.sp;
         }
+    }
+
+    /// These samples as a recording with copies of `bytes` bytes would
+    /// have them, from their frames' CFAs ([`cfa::frames_in_copy`]): each
+    /// stack keeps the frames perf would have unwound. Samples without a
+    /// stack pointer are left whole.
+    pub fn as_if_copied(&self, bytes: u64) -> Samples {
+        let mut out = self.clone();
+        let n = out.samples.len() + out.sched_switch_samples.len();
+        for k in 0..n {
+            let s = *out.sample_at(k);
+            if s.user_sp == 0 {
+                continue;
+            }
+            let range = s.start as usize..(s.start + s.len) as usize;
+            let kernel = range
+                .clone()
+                .take_while(|&i| {
+                    let object = &out.objects[out.frame_objects[i] as usize];
+                    cfa::is_kernel(out.frame_ips[i], object)
+                })
+                .count();
+            let kept = cfa::frames_in_copy(&out.frame_cfas[range], kernel, s.user_sp, bytes);
+            if kept < s.len as usize {
+                let s = out.sample_at_mut(k);
+                s.len = kept as u32;
+                s.reached_end = false;
+            }
+        }
+        out
     }
 
     /// Completes the stacks cut where their DWARF copy ended, from this

@@ -159,6 +159,13 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
     }
 }
 
+/// A frame at its place on the stack: (frame, CFA).
+type Node<F> = (F, u64);
+
+/// A node's caller (`None`: the node was a thread's first frame) and how
+/// many stacks had it.
+type Caller<F> = (Option<Node<F>>, u32);
+
 /// The callers each frame had at its place on the stack, from every
 /// stack whose frames' CFAs are known (report/cfa.rs): a frame is the
 /// node `(F, CFA)`, and a stack links each of its frames to the next one
@@ -176,7 +183,7 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
 pub struct Links<F> {
     /// node → (its caller's node, or `None` where the node was a stack's
     /// first frame; how many stacks had that).
-    next: HashMap<(F, u64), Vec<(Option<(F, u64)>, u32)>>,
+    next: HashMap<Node<F>, Vec<Caller<F>>>,
 }
 
 impl<F> Default for Links<F> {

@@ -45,6 +45,8 @@ pub struct Sample {
     /// its copy, the unwinder found the stack's end, and perf's frames are
     /// those ([`Samples::attach_cfas`]).
     pub reached_end: bool,
+    /// The user stack pointer, where its copy starts; 0 where not known.
+    pub user_sp: u64,
 }
 
 /// A `sched:sched_switch` sample: taken in the thread's context just
@@ -479,6 +481,7 @@ fn start_line(out: &mut Samples, text: &str) -> Option<Open> {
         start: out.frames.len() as u32,
         len: 0,
         reached_end: false,
+        user_sp: 0,
     };
     let (event, trace) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
     if event.strip_suffix(':') == Some(SCHED_SWITCH) {

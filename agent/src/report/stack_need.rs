@@ -1,18 +1,24 @@
 //! How many bytes of stack a DWARF sample needs for perf to unwind it whole,
 //! measured on the live target, so that `--call-graph auto` chooses the
 //! copy size per target: the smallest of [`CHOICES`] that keeps
-//! [`WHOLE_GOAL`] of the samples whole once the report grafts cut stacks
-//! (docs/unwinding.md, "How much stack a sample needs"; issue 28 §4).
+//! [`WHOLE_GOAL`] of the samples whole once the report completes cut
+//! stacks (docs/unwinding.md, "What `auto` measures"; issue 28 §4).
 //!
-//! perf records the processes once with a large copy ([`FULL_BYTES`]).
-//! Each `PERF_SAMPLE_STACK_USER` part of a sample ends with `dyn_size`, the
-//! number of bytes the kernel did copy, and perf's unwinder reads no further
-//! than that (`evsel__parse_sample()` in perf's evsel code sets
-//! `user_stack.size` from it). So lowering `dyn_size` in the file to N
-//! shows, exactly, what a recording with `dwarf,N` would have unwound from
-//! the same samples, and `perf script` unwinds the file at each size. The
-//! bench's stack-need table (tests/src/bin/bench/stack_need.rs) uses the
-//! same functions.
+//! perf records the processes once with a large copy ([`FULL_BYTES`]), and
+//! the recording is read as the report reads a snapshot, with each frame's
+//! place on the stack (report/cfa.rs). A frame's return address lies just
+//! below its callee's CFA, so the frames perf would have unwound from a
+//! smaller copy follow from the places ([`Samples::as_if_copied`]), and
+//! each size is judged without running perf again.
+//!
+//! The bench's stack-need table (tests/src/bin/bench/stack_need.rs) checks
+//! that against perf itself: each `PERF_SAMPLE_STACK_USER` part of a
+//! sample ends with `dyn_size`, the number of bytes the kernel did copy,
+//! and perf's unwinder reads no further (`evsel__parse_sample()` in perf's
+//! evsel code sets `user_stack.size` from it). So lowering `dyn_size` in
+//! the file to N ([`set_copy_size`]) shows, exactly, what a recording with
+//! `dwarf,N` would have unwound from the same samples, and `perf script`
+//! unwinds the file at each size.
 
 use std::{
     collections::HashSet,
@@ -109,9 +115,7 @@ pub fn measure(
         let sampled: HashSet<u32> = full.samples.iter().map(|s| s.tid).collect();
         let unseen = threads_of(pids).difference(&sampled).count();
         let floor = if unseen > 0 { UNSEEN_FLOOR } else { 0 };
-        let chosen =
-            choose(perf, &file, &full, floor).map_err(|e| format!("unwinding the samples: {e}"))?;
-        Ok((chosen, donors, full.samples.len(), unseen))
+        Ok((choose(&full, floor), donors, full.samples.len(), unseen))
     });
     let _ = fs::remove_file(&file);
     let ((bytes, whole_percent), donors, samples, unseen) = chosen.map_err(NotMeasured::Failed)?;
@@ -203,36 +207,26 @@ fn record_once(perf: &Path, pids: &[i32], freq: u32, file: &Path) -> Result<(), 
     Ok(())
 }
 
-/// The smallest of [`CHOICES`] at which ≥ [`WHOLE_GOAL`] of the samples of
-/// `file` (recorded with a [`FULL_BYTES`] copy; `full` is it read) are
-/// whole once completed, by bisection (the share grows with the size);
-/// the largest choice when none is. The run's report completes a
-/// snapshot's cut stacks from its own stacks and from this recording's
-/// whole ones (the donors), so the size is judged as that: on the
-/// recording's second half, cut to the size and completed from its own
-/// stacks and then from the first half's whole copies. Returns (bytes,
-/// percent whole there); with fewer than [`MIN_SAMPLES`] samples, (0, 0).
-/// Sizes below `floor` are not taken. The file is patched in place.
-pub fn choose(perf: &Path, file: &Path, full: &Samples, floor: u64) -> io::Result<(u64, f64)> {
+/// The smallest of [`CHOICES`], from `floor` on, at which ≥ [`WHOLE_GOAL`]
+/// of the samples of `full` (a recording with [`FULL_BYTES`] copies, read
+/// with its frames' places: [`read`]) are whole once completed, by
+/// bisection (the share grows with the size); the largest choice when
+/// none is. The run's report completes a snapshot's cut stacks from its
+/// own stacks and from this recording's whole ones (the donors), so the
+/// size is judged as that: on the recording's second half, cut to the
+/// size as perf would have cut it ([`Samples::as_if_copied`]: no `perf
+/// script` per size) and completed from its own stacks and then from the
+/// first half's whole copies. Returns (bytes, percent whole there); with
+/// fewer than [`MIN_SAMPLES`] samples, (0, 0).
+pub fn choose(full: &Samples, floor: u64) -> (u64, f64) {
     let n = full.samples.len();
     if n < MIN_SAMPLES {
-        // Too few to measure by (see `measure`): nothing unwound again.
-        return Ok((0, 0.0));
+        // Too few to measure by (see `measure`).
+        return (0, 0.0);
     }
-    let mut f = fs::OpenOptions::new().read(true).write(true).open(file)?;
-    let offsets = dyn_size_offsets_of(&mut f)?;
     let half = n / 2;
     let donors = full.whole_stacks_of(0..half, usize::MAX);
-    let mut at = |bytes: u64| -> io::Result<f64> {
-        set_copy_size(&mut f, &offsets, bytes, |_| false)?;
-        let cut = read(perf, file).map_err(io::Error::other)?;
-        if cut.samples.len() != n {
-            return Err(io::Error::other(
-                "perf script gave another number of samples",
-            ));
-        }
-        Ok(whole_percent(full, cut, half, &donors))
-    };
+    let mut at = |bytes: u64| whole_percent(full, full.as_if_copied(bytes), half, &donors);
     let from = CHOICES
         .iter()
         .position(|&c| c >= floor)
@@ -266,15 +260,12 @@ pub fn names(s: &Samples, i: usize) -> Vec<&str> {
 /// Of `choices` (ascending), the first at which `at` (the percent whole
 /// there, growing with the size) reaches [`WHOLE_GOAL`], by bisection; the
 /// last when none does. Returns it and its percent.
-fn smallest_whole(
-    choices: &[u64],
-    at: &mut impl FnMut(u64) -> io::Result<f64>,
-) -> io::Result<(u64, f64)> {
+fn smallest_whole(choices: &[u64], at: &mut impl FnMut(u64) -> f64) -> (u64, f64) {
     let (mut lo, mut hi) = (0, choices.len() - 1);
     let mut found = None;
     while lo < hi {
         let mid = (lo + hi) / 2;
-        let pct = at(choices[mid])?;
+        let pct = at(choices[mid]);
         if pct >= WHOLE_GOAL {
             hi = mid;
             found = Some((mid, pct));
@@ -284,9 +275,9 @@ fn smallest_whole(
     }
     let pct = match found {
         Some((k, pct)) if k == lo => pct,
-        _ => at(choices[lo])?,
+        _ => at(choices[lo]),
     };
-    Ok((choices[lo], pct))
+    (choices[lo], pct)
 }
 
 /// Where each stack sample's `dyn_size` lies in a perf.data file's data
@@ -424,16 +415,16 @@ mod tests {
         let mut asked = Vec::new();
         let mut at = |b: u64| {
             asked.push(b);
-            Ok(pct(b))
+            pct(b)
         };
-        assert_eq!(smallest_whole(CHOICES, &mut at).unwrap(), (1536, 99.5));
+        assert_eq!(smallest_whole(CHOICES, &mut at), (1536, 99.5));
         assert!(asked.len() <= 4, "{asked:?}");
         // None reaches it: the largest, with its own figure.
-        let mut low = |b: u64| Ok(b as f64 / 1000.0);
-        assert_eq!(smallest_whole(CHOICES, &mut low).unwrap(), (8192, 8.192));
+        let mut low = |b: u64| b as f64 / 1000.0;
+        assert_eq!(smallest_whole(CHOICES, &mut low), (8192, 8.192));
         // All do: the smallest.
-        let mut high = |_| Ok(100.0);
-        assert_eq!(smallest_whole(CHOICES, &mut high).unwrap(), (512, 100.0));
+        let mut high = |_| 100.0;
+        assert_eq!(smallest_whole(CHOICES, &mut high), (512, 100.0));
     }
 
     /// perf script's output for samples of (tid, frames), leaf first, in
