@@ -223,15 +223,56 @@ pub fn read(
         Some(Ok(i)) => &i.data,
         _ => file,
     };
-    let fd = input.as_raw_fd();
-    let original_buildid_dir = buildid_dir;
+    let run_dir = match &injected {
+        // perf inject named the functions' ELF files `./jitted-...`.
+        Some(Ok(i)) => Some(i.dir()),
+        _ => None,
+    };
+    let mut cmd = script_command(perf, buildid_dir, jit, run_dir, input.as_raw_fd());
+    let mut samples = run_script(perf, &mut cmd)?;
+    let cmdline = match &injected {
+        Some(Ok(i)) => i.cmdline.as_deref(),
+        _ => samples.cmdline.as_deref(),
+    };
+    // Without their places on the stack, cut stacks are completed by names
+    // alone: a file that cannot be read again is not an error.
+    let unwinds = cmdline
+        .is_some_and(has_dwarf_copies)
+        .then(|| cfa::unwind(input, buildid_dir).ok())
+        .flatten();
+    match injected {
+        Some(Ok(i)) => {
+            samples.cmdline = i.cmdline;
+            samples.jitdumps = dumps;
+        }
+        Some(Err(e)) => samples.jitdump_error = Some(e),
+        None => {}
+    }
+    samples.returns_restored = restored;
+    samples.returns_error = repaired.err();
+    if let Some(u) = unwinds {
+        samples.attach_cfas(u);
+    }
+    samples.graft_cut_stacks(donors);
+    Ok(samples)
+}
+
+/// `perf script` of the snapshot open as `fd`, with the JIT code's view
+/// (`jit`) where the snapshot kept maps or jitdump files, run in `run_dir`
+/// where perf inject wrote the functions' ELF files.
+fn script_command(
+    perf: &Path,
+    buildid_dir: Option<&Path>,
+    jit: Option<JitView>,
+    run_dir: Option<&Path>,
+    fd: i32,
+) -> Command {
     let buildid_dir = jit
         .as_ref()
         .map_or(buildid_dir, |j| j.buildid_dir.as_deref());
     let mut cmd = perf_command(perf, buildid_dir);
-    if let Some(Ok(i)) = &injected {
-        // perf inject named the functions' ELF files `./jitted-...`.
-        cmd.current_dir(i.dir());
+    if let Some(dir) = run_dir {
+        cmd.current_dir(dir);
     }
     cmd.args([
         "script",
@@ -269,32 +310,7 @@ pub fn read(
             Ok(())
         });
     }
-    let mut samples = run_script(perf, &mut cmd)?;
-    let cmdline = match &injected {
-        Some(Ok(i)) => i.cmdline.as_deref(),
-        _ => samples.cmdline.as_deref(),
-    };
-    // Without their places on the stack, cut stacks are completed by names
-    // alone: a file that cannot be read again is not an error.
-    let unwinds = cmdline
-        .is_some_and(has_dwarf_copies)
-        .then(|| cfa::unwind(input, original_buildid_dir).ok())
-        .flatten();
-    match injected {
-        Some(Ok(i)) => {
-            samples.cmdline = i.cmdline;
-            samples.jitdumps = dumps;
-        }
-        Some(Err(e)) => samples.jitdump_error = Some(e),
-        None => {}
-    }
-    samples.returns_restored = restored;
-    samples.returns_error = repaired.err();
-    if let Some(u) = unwinds {
-        samples.attach_cfas(u);
-    }
-    samples.graft_cut_stacks(donors);
-    Ok(samples)
+    cmd
 }
 
 /// The samples of a perf.data file as the report reads them (the same
