@@ -73,6 +73,14 @@ pub struct DonorStack {
     /// before they were kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cfas: Vec<u64>,
+    /// Each frame's address as perf printed it; parallel to `frames`, or
+    /// empty (as `cfas`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<u64>,
+    /// Where each frame's function starts in its object (0: not known);
+    /// parallel to `frames`, or empty (as `cfas`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub functions: Vec<u64>,
     /// Unwound again from its copy, the stack reached its end: its last
     /// frame is the thread's first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -215,6 +223,8 @@ mod tests {
                 tid: 42,
                 frames: vec![("f".into(), 0), ("main".into(), 0)],
                 cfas: vec![0x7ff0, 0x7ff8],
+                ips: vec![0x1234, 0x1300],
+                functions: vec![0x1200, 0x12f0],
                 reached_end: true,
             }],
         };

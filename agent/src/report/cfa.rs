@@ -64,6 +64,10 @@ pub struct Frame {
     /// The frame's CFA; [`FIRST_FRAME`] for the thread's first frame,
     /// which the unwinder found nothing beyond.
     pub cfa: u64,
+    /// Where the frame's function starts, as the object states it (the
+    /// initial location of the `.eh_frame` entry holding it); 0 where not
+    /// known. It tells apart the functions perf cannot name.
+    pub function: u64,
 }
 
 /// One sample's frames, leaf first.
@@ -140,11 +144,13 @@ pub fn unwind(file: &File, buildid_dir: Option<&Path>) -> Result<Unwinds, String
 }
 
 /// A mapping of a process: its addresses and what perf names it by.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Map {
     avma: Range<u64>,
     pgoff: u64,
     object: u32,
+    /// The object's unwind tables, and where its address 0 is mapped.
+    code: Option<(Arc<Sections>, u64)>,
 }
 
 #[derive(Clone, Default)]
@@ -220,20 +226,25 @@ impl State {
                 (self.out.objects.len() - 1) as u32
             }
         };
+        let code = (exec && name.starts_with('/'))
+            .then(|| self.loader.sections(&path, build_id))
+            .flatten()
+            .map(|s| {
+                let base = s.base(&avma, pgoff);
+                (s, base)
+            });
         let p = self.processes.entry(pid).or_default();
         p.maps
             .retain(|m| m.avma.end <= avma.start || m.avma.start >= avma.end);
+        if let Some((s, base)) = &code {
+            p.unwinder.add_module(s.module(&name, avma.clone(), *base));
+        }
         p.maps.push(Map {
-            avma: avma.clone(),
+            avma,
             pgoff,
             object,
+            code,
         });
-        if !exec || !name.starts_with('/') {
-            return;
-        }
-        if let Some(s) = self.loader.sections(&path, build_id) {
-            p.unwinder.add_module(s.module(&name, avma, pgoff));
-        }
     }
 
     fn sample(&mut self, s: &SampleRecord) {
@@ -289,13 +300,15 @@ fn unwind_copy(
             .unwinder
             .unwind_frame(address, &mut regs, cache, &mut read);
         let here = address.address();
-        let (object, ip) = p.perf_ip(here, matches!(address, FrameAddress::ReturnAddress(_)));
+        let (object, ip, function) =
+            p.perf_ip(here, matches!(address, FrameAddress::ReturnAddress(_)));
         match step {
             Ok(Some(ra)) => {
                 out.frames.push(Frame {
                     object,
                     ip,
                     cfa: regs.sp(),
+                    function,
                 });
                 match FrameAddress::from_return_address(ra) {
                     Some(next) if ra != BEYOND => address = next,
@@ -309,6 +322,7 @@ fn unwind_copy(
                     object,
                     ip,
                     cfa: FIRST_FRAME,
+                    function,
                 });
                 out.reached_end = true;
                 break;
@@ -320,12 +334,20 @@ fn unwind_copy(
 }
 
 impl Process {
-    /// `address` as perf prints it, with its object.
-    fn perf_ip(&self, address: u64, is_return: bool) -> (u32, u64) {
+    /// `address` as perf prints it, with its object and its function's
+    /// start ([`Frame`]).
+    fn perf_ip(&self, address: u64, is_return: bool) -> (u32, u64, u64) {
         let address = address - u64::from(is_return);
         match self.maps.iter().find(|m| m.avma.contains(&address)) {
-            Some(m) => (m.object, address - m.avma.start + m.pgoff),
-            None => (u32::MAX, address),
+            Some(m) => {
+                let function = m
+                    .code
+                    .as_ref()
+                    .and_then(|(s, base)| s.function_start(address.wrapping_sub(*base)));
+                let ip = address - m.avma.start + m.pgoff;
+                (m.object, ip, function.unwrap_or(0))
+            }
+            None => (u32::MAX, address, 0),
         }
     }
 }
@@ -371,13 +393,13 @@ impl Sections {
         })
     }
 
-    /// The module for a mapping of this object at `avma` from file offset
+    /// Where this object's address 0 is, mapped at `avma` from file offset
     /// `pgoff`: its addresses are the object's shifted by where the
     /// segment that mapping starts was put. That segment is the one whose
     /// page-aligned start is `pgoff` (an earlier segment may still hold
     /// that offset: Rust's executables start the code one page after the
     /// offset in the file, `p_vaddr = p_offset + 0x1000`).
-    fn module(&self, name: &str, avma: Range<u64>, pgoff: u64) -> Module<Arc<[u8]>> {
+    fn base(&self, avma: &Range<u64>, pgoff: u64) -> u64 {
         let page = |o: u64| o & !0xfff;
         let segment = self
             .segments
@@ -390,9 +412,14 @@ impl Sections {
             });
         // A file offset o is at avma.start + (o - pgoff); the segment maps
         // its offset to its address.
-        let base = segment.map_or(avma.start, |(offset, _, vaddr)| {
+        segment.map_or(avma.start, |(offset, _, vaddr)| {
             (avma.start + offset).wrapping_sub(pgoff + vaddr)
-        });
+        })
+    }
+
+    /// The module for this object mapped at `avma`, its address 0 at
+    /// `base`.
+    fn module(&self, name: &str, avma: Range<u64>, base: u64) -> Module<Arc<[u8]>> {
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: self.text.clone(),
@@ -405,6 +432,48 @@ impl Sections {
         };
         Module::new(name.to_string(), avma, base, info)
     }
+
+    /// Where the function holding the object's address `svma` starts.
+    fn function_start(&self, svma: u64) -> Option<u64> {
+        let (range, hdr) = self.eh_frame_hdr.as_ref()?;
+        function_start(hdr, range.start, svma)
+    }
+}
+
+/// Where the function holding `svma` starts, from `.eh_frame_hdr`'s table
+/// (at `hdr_svma`): the greatest initial location at or below `svma`. The
+/// header is `version, eh_frame_ptr_enc, fde_count_enc, table_enc`, then
+/// the pointer to `.eh_frame` and the count, then the sorted (initial
+/// location, entry) pairs (the Linux Standard Base, "Exception Frames",
+/// `.eh_frame_hdr`). Only the layout every GNU linker writes is read:
+/// version 1, a 4-byte pointer, a `udata4` count and a `datarel | sdata4`
+/// table; `None` for another.
+pub fn function_start(hdr: &[u8], hdr_svma: u64, svma: u64) -> Option<u64> {
+    const UDATA4: u8 = 0x03;
+    const DATAREL_SDATA4: u8 = 0x3b;
+    if hdr.len() < 12 || hdr[0] != 1 || hdr[1] & 0x0f != 0x0b || hdr[2] != UDATA4 {
+        return None;
+    }
+    if hdr[3] != DATAREL_SDATA4 {
+        return None;
+    }
+    let count = u32::from_le_bytes(hdr[8..12].try_into().ok()?) as usize;
+    let table = hdr.get(12..12 + count.checked_mul(8)?)?;
+    let start = |i: usize| {
+        let rel = i32::from_le_bytes(table[8 * i..8 * i + 4].try_into().expect("4 bytes"));
+        hdr_svma.wrapping_add_signed(i64::from(rel))
+    };
+    // The first entry starting above `svma`; the one before holds it.
+    let (mut lo, mut hi) = (0, count);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if start(mid) <= svma {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo.checked_sub(1).map(start)
 }
 
 /// An object by (path, build-id).
@@ -505,19 +574,18 @@ pub fn frames_in_copy(cfas: &[u64], kernel: usize, sp: u64, bytes: u64) -> usize
 /// (`(inlined)`, perf 6.1 without `--no-inline`).
 pub const INLINED: &str = "inlined";
 
-/// The CFA of each of perf's frames of one sample, where `u` holds it:
-/// `perf` is the sample's frames as `perf script` printed them (leaf
-/// first; address and object), `u` the same sample unwound here, naming
-/// its objects from `objects`. Kernel frames, which come first, are
-/// passed over; then perf's frames and `u`'s are matched in order by
-/// address and object. An inlined function's frame has the address of the
-/// frame it was inlined into and [`INLINED`] for an object: the first of
-/// them takes the next frame, the others the CFA of the frame before. From
-/// the first frame that does not match, 0 (unknown). Also returns whether
-/// the stack is whole: `u` reached the stack's end and perf's frames
-/// matched all of `u`'s.
-pub fn align(perf: &[(u64, &str)], u: &Unwound, objects: &[String]) -> (Vec<u64>, bool) {
-    let mut cfas = vec![0; perf.len()];
+/// Which of `u`'s frames each of perf's frames of one sample is: `perf`
+/// is the sample's frames as `perf script` printed them (leaf first;
+/// address and object), `u` the same sample unwound here, naming its
+/// objects from `objects`. Kernel frames, which come first, are passed
+/// over; then perf's frames and `u`'s are matched in order by address and
+/// object. An inlined function's frame has the address of the frame it was
+/// inlined into and [`INLINED`] for an object: the first of them takes the
+/// next frame, the others the frame before. From the first frame that does
+/// not match, `None`. Also returns whether the stack is whole: `u` reached
+/// the stack's end and perf's frames matched all of `u`'s.
+pub fn align(perf: &[(u64, &str)], u: &Unwound, objects: &[String]) -> (Vec<Option<usize>>, bool) {
+    let mut out = vec![None; perf.len()];
     let mut k = 0;
     let mut previous: Option<u64> = None;
     let mut all = true;
@@ -527,14 +595,13 @@ pub fn align(perf: &[(u64, &str)], u: &Unwound, objects: &[String]) -> (Vec<u64>
         }
         let next = u.frames.get(k).filter(|f| f.ip == ip);
         let named = |f: &&Frame| objects.get(f.object as usize).is_some_and(|o| o == object);
-        if let Some(f) = next.filter(named) {
-            cfas[i] = f.cfa;
+        if next.filter(named).is_some()
+            || (next.is_some() && object == INLINED && previous != Some(ip))
+        {
+            out[i] = Some(k);
             k += 1;
         } else if previous == Some(ip) {
-            cfas[i] = u.frames[k - 1].cfa;
-        } else if let Some(f) = next.filter(|_| object == INLINED) {
-            cfas[i] = f.cfa;
-            k += 1;
+            out[i] = Some(k - 1);
         } else {
             all = false;
             break;
@@ -542,7 +609,7 @@ pub fn align(perf: &[(u64, &str)], u: &Unwound, objects: &[String]) -> (Vec<u64>
         previous = Some(ip);
     }
     let whole = all && u.reached_end && k == u.frames.len();
-    (cfas, whole)
+    (out, whole)
 }
 
 #[cfg(test)]
@@ -554,10 +621,38 @@ mod tests {
             sp: 0x1000,
             frames: frames
                 .iter()
-                .map(|&(object, ip, cfa)| Frame { object, ip, cfa })
+                .map(|&(object, ip, cfa)| Frame {
+                    object,
+                    ip,
+                    cfa,
+                    function: ip & !0xf,
+                })
                 .collect(),
             reached_end,
         }
+    }
+
+    #[test]
+    fn a_functions_start_is_read_from_the_eh_frame_hdr_table() {
+        // Functions at 0x1000, 0x1100 and 0x1300; the header at 0x800.
+        let mut hdr = vec![1, 0x1b, 0x03, 0x3b];
+        hdr.extend_from_slice(&0i32.to_le_bytes());
+        hdr.extend_from_slice(&3u32.to_le_bytes());
+        for f in [0x1000i32, 0x1100, 0x1300] {
+            hdr.extend_from_slice(&(f - 0x800).to_le_bytes());
+            hdr.extend_from_slice(&0i32.to_le_bytes());
+        }
+        let at = |svma| function_start(&hdr, 0x800, svma);
+        assert_eq!(at(0x1000), Some(0x1000));
+        assert_eq!(at(0x10ff), Some(0x1000));
+        assert_eq!(at(0x1250), Some(0x1100));
+        assert_eq!(at(0x5000), Some(0x1300));
+        assert_eq!(at(0xfff), None);
+        // Another table encoding is not read.
+        let mut other = hdr.clone();
+        other[3] = 0x1b;
+        assert_eq!(function_start(&other, 0x800, 0x1000), None);
+        assert_eq!(function_start(&hdr[..20], 0x800, 0x1000), None);
     }
 
     #[test]
@@ -593,31 +688,33 @@ mod tests {
             (0x20, "/bin/t"),
             (0x30, INLINED),
         ];
-        let (cfas, whole) = align(&perf, &u, &objects);
-        assert_eq!(cfas, vec![0, 100, 200, 200, FIRST_FRAME]);
-        assert!(whole);
+        let cfas = |perf: &[(u64, &str)], u: &Unwound| {
+            let (at, whole) = align(perf, u, &objects);
+            let c: Vec<u64> = at
+                .iter()
+                .map(|k| k.map_or(0, |k| u.frames[k].cfa))
+                .collect();
+            (c, whole)
+        };
+        assert_eq!(cfas(&perf, &u), (vec![0, 100, 200, 200, FIRST_FRAME], true));
         // Recursion: the same address twice is two frames.
         let r = unwound(&[(0, 0x20, 200), (0, 0x20, 300)], false);
         let twice = [(0x20, "/bin/t"), (0x20, "/bin/t")];
-        assert_eq!(align(&twice, &r, &objects).0, vec![200, 300]);
+        assert_eq!(cfas(&twice, &r).0, vec![200, 300]);
         // perf stopped early: not whole; a frame that differs ends the
         // match, and perf's garbage frame after a cut copy gets nothing.
-        let (cfas, whole) = align(&perf[..3], &u, &objects);
-        assert_eq!((cfas, whole), (vec![0, 100, 200], false));
+        assert_eq!(cfas(&perf[..3], &u), (vec![0, 100, 200], false));
         let other = [(0x10, "/lib/libc.so.6"), (0x28, "/bin/t"), (0x30, "/bin/t")];
-        assert_eq!(align(&other, &u, &objects), (vec![100, 0, 0], false));
+        assert_eq!(cfas(&other, &u), (vec![100, 0, 0], false));
         // The unwinder found an end where perf went on: not whole.
         let short = unwound(&[(1, 0x10, FIRST_FRAME)], true);
-        assert_eq!(
-            align(&perf, &short, &objects),
-            (vec![0, FIRST_FRAME, 0, 0, 0], false)
-        );
+        assert_eq!(cfas(&perf, &short), (vec![0, FIRST_FRAME, 0, 0, 0], false));
         let cut = unwound(&[(1, 0x10, 100), (0, 0x20, 200)], false);
         let garbage = [
             (0x10, "/lib/libc.so.6"),
             (0x20, "/bin/t"),
             (u64::MAX, "[unknown]"),
         ];
-        assert_eq!(align(&garbage, &cut, &objects), (vec![100, 200, 0], false));
+        assert_eq!(cfas(&garbage, &cut), (vec![100, 200, 0], false));
     }
 }

@@ -14,11 +14,18 @@ use super::{
 };
 use crate::output::run_file::{DonorStack, StackDonors};
 
-/// A stack of (frame, object) ids, with each frame's CFA (0: unknown).
+/// A frame as [`Links`] know it: (frame, object) ids, and where its
+/// function starts where perf could not name it (0 otherwise).
+type LinkFrame = ((u32, u32), u64);
+
+/// A donor's stack of (frame, object) ids, with each frame's CFA (0:
+/// unknown), address and function start, where run.json has them.
 struct Donated {
     tid: u32,
     frames: Vec<(u32, u32)>,
     cfas: Vec<u64>,
+    ips: Vec<u64>,
+    functions: Vec<u64>,
     reached_end: bool,
 }
 
@@ -59,8 +66,12 @@ impl Samples {
                     (self.frame_ips[i], object.as_str())
                 })
                 .collect();
-            let (cfas, whole) = cfa::align(&perf, &u, &unwinds.objects);
-            self.frame_cfas[range].copy_from_slice(&cfas);
+            let (at, whole) = cfa::align(&perf, &u, &unwinds.objects);
+            for (i, k) in range.zip(at) {
+                let f = k.map(|k| u.frames[k]);
+                self.frame_cfas[i] = f.map_or(0, |f| f.cfa);
+                self.frame_functions[i] = f.map_or(0, |f| f.function);
+            }
             let s = self.sample_at_mut(k);
             s.reached_end = whole;
             s.user_sp = u.sp;
@@ -123,42 +134,30 @@ impl Samples {
             .zip(self.frame_objects.iter().copied())
             .collect();
         let n = self.samples.len() + self.sched_switch_samples.len();
-        let with_copies: Vec<Sample> = (0..n)
-            .filter(|&k| copied(k))
-            .map(|k| *self.sample_at(k))
-            .collect();
+        let all: Vec<Sample> = (0..n).map(|k| *self.sample_at(k)).collect();
         let range = |s: &Sample| s.start as usize..(s.start + s.len) as usize;
         let ends_at_start = |s: &[(u32, u32)]| s.last().is_some_and(|&(f, _)| start[f as usize]);
-        let links = self.links(&with_copies, &pairs, &donated);
+        let links = self.links(
+            all.iter()
+                .enumerate()
+                .filter(|(k, _)| copied(*k))
+                .map(|(_, s)| s),
+            &donated,
+        );
         // Every complete stack is a reference, a frame-pointer one too.
-        let all: Vec<Sample> = (0..n).map(|k| *self.sample_at(k)).collect();
         let own = all.iter().map(|s| (s.tid, &pairs[range(s)]));
         let given = donated.iter().map(|d| (d.tid, d.frames.as_slice()));
         let complete = complete_by_thread(own.chain(given).filter(|(_, s)| ends_at_start(s)));
         let mut grown = Vec::new();
-        for (k, s) in (0..n).filter(|&k| copied(k)).zip(&with_copies) {
+        for (k, s) in all.iter().enumerate().filter(|(k, _)| copied(*k)) {
             if s.reached_end {
                 continue;
             }
-            let cut = &pairs[range(s)];
-            let cfas = &self.frame_cfas[range(s)];
-            // perf's own last frame after a cut copy is garbage: an
-            // address it could not name, with no CFA.
-            let kept = cut.len()
-                - cut
-                    .iter()
-                    .zip(cfas)
-                    .rev()
-                    .take_while(|((f, _), c)| Some(*f) == unknown && **c == 0)
-                    .count();
-            if let Some(tail) = kept
-                .checked_sub(1)
-                .filter(|&i| cfas[i] != 0)
-                .and_then(|i| links.complete(&(cut[i], cfas[i])))
-            {
-                grown.push((k, [&cut[..kept], &tail[..]].concat()));
+            if let Some(stack) = self.complete_by_places(&links, s, unknown) {
+                grown.push((k, stack));
                 continue;
             }
+            let cut = &pairs[range(s)];
             let Some(refs) = complete.get(&s.tid).filter(|_| !ends_at_start(cut)) else {
                 continue;
             };
@@ -166,6 +165,7 @@ impl Samples {
                 cut,
                 |&(f, _)| start[f as usize],
                 |&(f, _)| Some(f) == unknown,
+                |&(f, _)| self.names[f as usize].starts_with('['),
             );
             if let Some(stack) = stack {
                 grown.push((k, stack));
@@ -173,6 +173,41 @@ impl Samples {
         }
         self.grafted = grown.len();
         self.replace_stacks(grown);
+    }
+
+    /// Sample `s`'s stack completed by its frames' places ([`Links`]), as
+    /// (frame, object) ids: its frames, less perf's garbage one after a cut
+    /// copy (an address it could not name, `[unknown]`, with no CFA), then
+    /// the callers of the last one out to a thread's first frame.
+    fn complete_by_places(
+        &self,
+        links: &Links<LinkFrame>,
+        s: &Sample,
+        unknown: Option<u32>,
+    ) -> Option<Vec<(u32, u32)>> {
+        let range = s.start as usize..(s.start + s.len) as usize;
+        let garbage = |i: &usize| Some(self.frames[*i]) == unknown && self.frame_cfas[*i] == 0;
+        let kept = range.len() - range.clone().rev().take_while(garbage).count();
+        let last = (range.start + kept)
+            .checked_sub(1)
+            .filter(|&i| i >= range.start)?;
+        let node = |i: usize| (self.link_frame(i), self.frame_cfas[i]);
+        if self.frame_cfas[last] == 0 {
+            return None;
+        }
+        let callee = (last > range.start).then(|| (node(last - 1), self.frame_ips[last - 1]));
+        let tail = links.complete(callee.as_ref().map(|(n, ip)| (n, *ip)), &node(last))?;
+        let frames = (range.start..=last).map(|i| (self.frames[i], self.frame_objects[i]));
+        Some(frames.chain(tail.into_iter().map(|(f, _)| f)).collect())
+    }
+
+    /// Frame `i` as the links know it: (frame, object), and where its
+    /// function starts where perf could not name it (`[postgres]` is many
+    /// functions).
+    fn link_frame(&self, i: usize) -> LinkFrame {
+        let f = (self.frames[i], self.frame_objects[i]);
+        let unnamed = self.names[f.0 as usize].starts_with('[');
+        (f, if unnamed { self.frame_functions[i] } else { 0 })
     }
 
     /// Which samples (CPU ones first, then `sched_switch` ones, by index)
@@ -187,30 +222,36 @@ impl Samples {
         switch_dwarf.then_some(move |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf })
     }
 
-    /// The links of every stack with a DWARF copy and of the donors.
-    fn links(
+    /// The links of the stacks with DWARF copies and of the donors.
+    fn links<'a>(
         &self,
-        with_copies: &[Sample],
-        pairs: &[(u32, u32)],
+        with_copies: impl Iterator<Item = &'a Sample>,
         donated: &[Donated],
-    ) -> Links<(u32, u32)> {
+    ) -> Links<LinkFrame> {
         let mut links = Links::default();
         let mut stack = Vec::new();
         for s in with_copies {
             let range = s.start as usize..(s.start + s.len) as usize;
             stack.clear();
             stack.extend(
-                pairs[range.clone()]
-                    .iter()
-                    .copied()
-                    .zip(self.frame_cfas[range].iter().copied()),
+                range
+                    .clone()
+                    .map(|i| (self.link_frame(i), self.frame_cfas[i])),
             );
-            links.add(&stack, s.reached_end);
+            links.add(&stack, &self.frame_ips[range], s.reached_end);
         }
         for d in donated.iter().filter(|d| d.cfas.len() == d.frames.len()) {
+            let at = |v: &[u64], i: usize| v.get(i).copied();
             stack.clear();
-            stack.extend(d.frames.iter().copied().zip(d.cfas.iter().copied()));
-            links.add(&stack, d.reached_end);
+            stack.extend(d.frames.iter().enumerate().map(|(i, &f)| {
+                let unnamed = self.names[f.0 as usize].starts_with('[');
+                let function = at(&d.functions, i).filter(|_| unnamed).unwrap_or(0);
+                ((f, function), d.cfas[i])
+            }));
+            let ips: Vec<u64> = (0..d.frames.len())
+                .map(|i| at(&d.ips, i).unwrap_or(u64::MAX))
+                .collect();
+            links.add(&stack, &ips, d.reached_end);
         }
         links
     }
@@ -230,6 +271,8 @@ impl Samples {
                 tid: d.tid,
                 frames,
                 cfas: d.cfas.clone(),
+                ips: d.ips.clone(),
+                functions: d.functions.clone(),
                 reached_end: d.reached_end,
             }));
         }
@@ -241,18 +284,18 @@ impl Samples {
     /// their frames' CFAs, as [`StackDonors`], until they take about
     /// `max_bytes` of JSON.
     pub fn whole_stacks(&self, max_bytes: usize) -> StackDonors {
-        self.whole_stacks_of(0..self.samples.len(), max_bytes)
+        self.whole_stacks_of(|_| true, max_bytes)
     }
 
-    /// [`Self::whole_stacks`] of the CPU samples in `range` only.
-    pub fn whole_stacks_of(&self, range: std::ops::Range<usize>, max_bytes: usize) -> StackDonors {
+    /// [`Self::whole_stacks`] of the CPU samples whose index is `kept`.
+    pub fn whole_stacks_of(&self, kept: impl Fn(usize) -> bool, max_bytes: usize) -> StackDonors {
         let mut seen = HashSet::new();
         let mut out = StackDonors {
             objects: self.objects.clone(),
             stacks: Vec::new(),
         };
         let mut bytes = 0;
-        for s in &self.samples[range] {
+        for (_, s) in self.samples.iter().enumerate().filter(|(i, _)| kept(*i)) {
             let range = s.start as usize..(s.start + s.len) as usize;
             let stack = self.stack(s);
             let cfas = &self.frame_cfas[range.clone()];
@@ -263,11 +306,12 @@ impl Samples {
             let frames: Vec<(String, u32)> = stack
                 .iter()
                 .map(|&f| self.name(f).to_string())
-                .zip(self.frame_objects[range].iter().copied())
+                .zip(self.frame_objects[range.clone()].iter().copied())
                 .collect();
             let with_cfas = cfas.iter().any(|&c| c != 0);
             bytes += frames.iter().map(|(n, _)| n.len() + 8).sum::<usize>() + 24;
-            bytes += if with_cfas { 16 * cfas.len() } else { 0 };
+            // CFA, address and function: ~16, ~8 and ~2 digits.
+            bytes += if with_cfas { 30 * cfas.len() } else { 0 };
             if bytes > max_bytes {
                 break;
             }
@@ -275,6 +319,16 @@ impl Samples {
                 tid: s.tid,
                 frames,
                 cfas: if with_cfas { cfas.to_vec() } else { Vec::new() },
+                ips: if with_cfas {
+                    self.frame_ips[range.clone()].to_vec()
+                } else {
+                    Vec::new()
+                },
+                functions: if with_cfas {
+                    self.frame_functions[range].to_vec()
+                } else {
+                    Vec::new()
+                },
                 reached_end: s.reached_end,
             });
         }
@@ -293,15 +347,20 @@ impl Samples {
                 let j = old.start as usize + i;
                 let kept =
                     i < old.len as usize && (self.frames[j], self.frame_objects[j]) == (*f, *o);
-                let (ip, cfa) = if kept {
-                    (self.frame_ips[j], self.frame_cfas[j])
+                let (ip, cfa, function) = if kept {
+                    (
+                        self.frame_ips[j],
+                        self.frame_cfas[j],
+                        self.frame_functions[j],
+                    )
                 } else {
-                    (u64::MAX, 0)
+                    (u64::MAX, 0, 0)
                 };
                 self.frames.push(*f);
                 self.frame_objects.push(*o);
                 self.frame_ips.push(ip);
                 self.frame_cfas.push(cfa);
+                self.frame_functions.push(function);
             }
             let s = self.sample_at_mut(k);
             s.start = at;

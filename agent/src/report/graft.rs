@@ -104,13 +104,17 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
     /// [`MIN_ANCHOR`]): the cut stack's named frames, then that stack's
     /// frames beyond them. Where they occur more than once in it
     /// (recursion), the outermost place is taken, so no frame is added
-    /// twice. `None`: nothing to add (the stack is not cut, or no complete
-    /// stack passes through it).
+    /// twice. Failing that, from its outermost frame alone
+    /// ([`ONE_FRAME_AGREEING`]), unless that frame is `nameless`: named by
+    /// its object only (`[postgres]`), it stands for many functions.
+    /// `None`: nothing to add (the stack is not cut, or no complete stack
+    /// passes through it).
     pub fn graft(
         &self,
         cut: &[T],
         is_start: impl Fn(&T) -> bool,
         is_unknown: impl Fn(&T) -> bool,
+        nameless: impl Fn(&T) -> bool,
     ) -> Option<Vec<T>> {
         if cut.last().is_none_or(&is_start) {
             return None;
@@ -138,7 +142,9 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
                 return Some(out);
             }
         }
-        let last = cut.get(named.checked_sub(1)?).filter(|f| !is_unknown(f))?;
+        let last = cut
+            .get(named.checked_sub(1)?)
+            .filter(|f| !is_unknown(f) && !nameless(f))?;
         let below = self.one_frame(last)?;
         let mut out = cut[..named].to_vec();
         out.extend_from_slice(below);
@@ -178,18 +184,29 @@ type Caller<F> = (Option<Node<F>>, u32);
 /// same addresses. So the same function at the same CFA is, nearly
 /// always, the same call with the same callers. The names are not
 /// enough: the same function is called from many places, and the two or
-/// three frames [`Complete::graft`] matches do not tell which. Where a
-/// node had several callers, the one seen most often is taken.
+/// three frames [`Complete::graft`] matches do not tell which.
+///
+/// Where a node had several callers, the one seen most often after the
+/// same callee at its place is taken, else the one seen most often: the
+/// callee tells paths apart that meet at one place. PostgreSQL's
+/// `LockAcquireExtended` is called at the same place by
+/// `XactLockTableInsert`, in every transaction, and by
+/// `XactLockTableWait`, which then sleeps in `ProcSleep`: the stacks that
+/// went on to sleep are `XactLockTableWait`'s.
 pub struct Links<F> {
     /// node → (its caller's node, or `None` where the node was a stack's
     /// first frame; how many stacks had that).
     next: HashMap<Node<F>, Vec<Caller<F>>>,
+    /// (callee's node, the callee's address, node) → the same, for the
+    /// stacks where the node had called that callee from that address.
+    after: HashMap<(Node<F>, u64, Node<F>), Vec<Caller<F>>>,
 }
 
 impl<F> Default for Links<F> {
     fn default() -> Self {
         Links {
             next: HashMap::new(),
+            after: HashMap::new(),
         }
     }
 }
@@ -197,49 +214,76 @@ impl<F> Default for Links<F> {
 /// The most frames a completion adds.
 const MAX_ADDED: usize = 1024;
 
-impl<F: Eq + Hash + Clone> Links<F> {
-    /// Adds a stack (leaf first): each frame with its CFA, 0 where it is not
-    /// known. Neighbours whose CFAs are both known are linked (a caller's
-    /// CFA is never below its callee's: the stack grows down); where
-    /// `reached_end`, the last frame was the thread's first.
-    pub fn add(&mut self, stack: &[(F, u64)], reached_end: bool) {
-        for w in stack.windows(2) {
-            let (inner, outer) = (&w[0], &w[1]);
-            if inner.1 != 0 && outer.1 >= inner.1 {
-                self.link(inner.clone(), Some(outer.clone()));
-            }
-        }
-        match stack.last() {
-            Some(last) if reached_end && last.1 != 0 => self.link(last.clone(), None),
-            _ => {}
+/// Counts one more `to` in `list`.
+fn count<N: PartialEq>(list: &mut Vec<(Option<N>, u32)>, to: Option<N>) {
+    match list.iter_mut().find(|(t, _)| *t == to) {
+        Some((_, n)) => *n += 1,
+        None => list.push((to, 1)),
+    }
+}
+
+/// The most frequent of `list` (the first seen among equals).
+fn most<N>(list: &[(Option<N>, u32)]) -> &Option<N> {
+    let mut best = &list[0];
+    for c in &list[1..] {
+        if c.1 > best.1 {
+            best = c;
         }
     }
+    &best.0
+}
 
-    fn link(&mut self, from: (F, u64), to: Option<(F, u64)>) {
-        let list = self.next.entry(from).or_default();
-        match list.iter_mut().find(|(t, _)| *t == to) {
-            Some((_, n)) => *n += 1,
-            None => list.push((to, 1)),
+impl<F: Eq + Hash + Clone> Links<F> {
+    /// Adds a stack (leaf first): each frame with its CFA, 0 where it is not
+    /// known, and its address (`ips`, parallel). Neighbours whose CFAs are
+    /// both known are linked (a caller's CFA is never below its callee's:
+    /// the stack grows down); where `reached_end`, the last frame was the
+    /// thread's first.
+    pub fn add(&mut self, stack: &[(F, u64)], ips: &[u64], reached_end: bool) {
+        let linked = |inner: &(F, u64), outer: &(F, u64)| inner.1 != 0 && outer.1 >= inner.1;
+        let callee_of = |i: usize| {
+            let c = i.checked_sub(1)?;
+            linked(&stack[c], &stack[i]).then(|| (stack[c].clone(), ips[c], stack[i].clone()))
+        };
+        for (i, w) in stack.windows(2).enumerate() {
+            if !linked(&w[0], &w[1]) {
+                continue;
+            }
+            let to = Some(w[1].clone());
+            count(self.next.entry(w[0].clone()).or_default(), to.clone());
+            if let Some(key) = callee_of(i) {
+                count(self.after.entry(key).or_default(), to);
+            }
+        }
+        let Some(last) = stack.last().filter(|l| reached_end && l.1 != 0) else {
+            return;
+        };
+        count(self.next.entry(last.clone()).or_default(), None);
+        if let Some(key) = callee_of(stack.len() - 1) {
+            count(self.after.entry(key).or_default(), None);
         }
     }
 
     /// The frames beyond `last` (a cut stack's outermost frame, with its
-    /// CFA) out to a thread's first frame, each node's most frequent
-    /// caller in turn (the first seen among equals). `None` where a node on
-    /// the way has no known caller: the stack is then left as it is.
-    pub fn complete(&self, last: &(F, u64)) -> Option<Vec<F>> {
+    /// CFA; `callee`, the frame before it with its address, where its CFA
+    /// is known) out to a thread's first frame, each node's caller in turn:
+    /// at the first, the most frequent after the same callee at the same
+    /// address, if seen; else, and beyond, the most frequent. `None` where a
+    /// node on the way has no known caller: the stack is then left as it
+    /// is.
+    pub fn complete(&self, callee: Option<(&(F, u64), u64)>, last: &(F, u64)) -> Option<Vec<F>> {
         let mut out = Vec::new();
+        let mut prev = callee
+            .filter(|(c, _)| c.1 != 0 && last.1 >= c.1)
+            .map(|(c, ip)| (c.clone(), ip));
         let mut at = last.clone();
         let mut seen = std::collections::HashSet::new();
         while out.len() < MAX_ADDED {
-            let list = self.next.get(&at)?;
-            let mut best = &list[0];
-            for c in &list[1..] {
-                if c.1 > best.1 {
-                    best = c;
-                }
-            }
-            let Some(next) = &best.0 else {
+            let after = prev
+                .take()
+                .and_then(|(p, ip)| self.after.get(&(p, ip, at.clone())));
+            let list = after.or_else(|| self.next.get(&at))?;
+            let Some(next) = most(list) else {
                 return Some(out);
             };
             if !seen.insert(next.clone()) {
@@ -267,7 +311,12 @@ mod tests {
     fn g(cut: &str, complete: &[&str]) -> Option<String> {
         let complete: Vec<Vec<&str>> = complete.iter().map(|c| v(c)).collect();
         Complete::new(complete.iter().map(Vec::as_slice))
-            .graft(&v(cut), |f| is_start(f), |f| *f == "[unknown]")
+            .graft(
+                &v(cut),
+                |f| is_start(f),
+                |f| *f == "[unknown]",
+                |f| f.starts_with('['),
+            )
             .map(|s| s.join(";"))
     }
 
@@ -301,6 +350,9 @@ mod tests {
         // below it.
         let other = "d;c;main;_start";
         assert_eq!(g("q;r;c", &[full, other]), Some("q;r;c;main;_start".into()));
+        // Not a frame named by its object only: it is many functions.
+        let nameless = ["d;[srv];main;_start", "e;[srv];main;_start"];
+        assert_eq!(g("q;[srv]", &nameless), None);
         assert_eq!(g("q;r;c", &[full, "d;c;run;main;_start"]), None);
         assert_eq!(g("[unknown];[unknown]", &[full]), None);
         // The first complete stack that matches is taken, the longest
@@ -341,7 +393,8 @@ mod tests {
                     (name.to_string(), cfa.parse().unwrap())
                 })
                 .collect();
-            l.add(&frames, *end);
+            let ips: Vec<u64> = frames.iter().map(|f| f.1 + 1).collect();
+            l.add(&frames, &ips, *end);
         }
         l
     }
@@ -360,19 +413,19 @@ mod tests {
         ]);
         let tail = |s: Option<Vec<String>>| s.map(|v| v.join(";"));
         assert_eq!(
-            tail(l.complete(&node("y", 250))),
+            tail(l.complete(None, &node("y", 250))),
             Some("run;main;_start".into())
         );
         // The same name at another place is another frame.
-        assert_eq!(l.complete(&node("run", 310)), None);
+        assert_eq!(l.complete(None, &node("run", 310)), None);
         // A node on the way with no known caller: nothing.
         let cut_only = links(&[("a@10;b@20;c@30", false)]);
-        assert_eq!(cut_only.complete(&node("a", 10)), None);
+        assert_eq!(cut_only.complete(None, &node("a", 10)), None);
         // An unknown CFA links nothing.
         let unknown = links(&[("a@10;b@0;main@40;_start@50", true)]);
-        assert_eq!(unknown.complete(&node("a", 10)), None);
+        assert_eq!(unknown.complete(None, &node("a", 10)), None);
         assert_eq!(
-            tail(unknown.complete(&node("main", 40))),
+            tail(unknown.complete(None, &node("main", 40))),
             Some("_start".into())
         );
     }
@@ -384,10 +437,38 @@ mod tests {
             ("w@10;poll@25;main@30;_start@40", true),
             ("w@10;poll@25;main@30;_start@40", true),
         ]);
-        let got = l.complete(&node("w", 10)).map(|v| v.join(";"));
+        let got = l.complete(None, &node("w", 10)).map(|v| v.join(";"));
         assert_eq!(got, Some("poll;main;_start".into()));
+        // After a callee seen at its place, that callee's caller: the
+        // rarer path that went on to sleep.
+        let l = links(&[
+            ("lock@10;insert@20;update@40;main@50;_start@60", true),
+            ("lock@10;insert@20;update@40;main@50;_start@60", true),
+            ("sleep@5;lock@10;wait@20;update@40;main@50;_start@60", true),
+        ]);
+        // The helper gives each frame the address CFA + 1.
+        let tail = |c: Option<&(String, u64)>| {
+            l.complete(c.map(|c| (c, c.1 + 1)), &node("lock", 10))
+                .map(|v| v.join(";"))
+        };
+        assert_eq!(tail(None), Some("insert;update;main;_start".into()));
+        assert_eq!(
+            tail(Some(&node("sleep", 5))),
+            Some("wait;update;main;_start".into())
+        );
+        // A callee never seen there, or seen from another address: the
+        // most frequent.
+        assert_eq!(
+            tail(Some(&node("read", 7))),
+            Some("insert;update;main;_start".into())
+        );
+        let elsewhere = l.complete(Some((&node("sleep", 5), 99)), &node("lock", 10));
+        assert_eq!(
+            elsewhere.map(|v| v.join(";")),
+            Some("insert;update;main;_start".into())
+        );
         // A link that goes back up the stack is not one.
         let bad = links(&[("a@50;b@40;main@60;_start@70", true)]);
-        assert_eq!(bad.complete(&node("a", 50)), None);
+        assert_eq!(bad.complete(None, &node("a", 50)), None);
     }
 }

@@ -92,6 +92,9 @@ pub struct Samples {
     /// Each frame's CFA, its place on the stack (report/cfa.rs), 0 where
     /// not known; parallel to `frames`.
     pub(super) frame_cfas: Vec<u64>,
+    /// Where each frame's function starts in its object (report/cfa.rs),
+    /// 0 where not known; parallel to `frames`.
+    pub(super) frame_functions: Vec<u64>,
     /// perf's command line, from the header (`# cmdline : ...`).
     pub cmdline: Option<String>,
     /// Cut DWARF stacks completed from complete ones of their thread
@@ -462,6 +465,7 @@ pub fn parse(mut reader: impl BufRead) -> io::Result<Samples> {
                     .and_then(|a| u64::from_str_radix(a, 16).ok());
                 out.frame_ips.push(ip.unwrap_or(u64::MAX));
                 out.frame_cfas.push(0);
+                out.frame_functions.push(0);
                 let object = out.object(dso);
                 out.frame_objects.push(object);
                 s.sample().len += 1;
@@ -737,6 +741,8 @@ mod tests {
             tid: 8,
             frames: vec![("serve".into(), srv), ("loop".into(), lib + 1)],
             cfas: Vec::new(),
+            ips: Vec::new(),
+            functions: Vec::new(),
             reached_end: false,
         });
         donors.stacks.push(DonorStack {
@@ -748,6 +754,8 @@ mod tests {
                 ("__libc_start_main".into(), lib),
             ],
             cfas: Vec::new(),
+            ips: Vec::new(),
+            functions: Vec::new(),
             reached_end: false,
         });
         let mut s = parse(CUT_RUN.as_bytes()).unwrap();

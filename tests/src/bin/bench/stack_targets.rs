@@ -189,12 +189,14 @@ pub fn own(path: &Path, args: &[&str]) -> Loaded {
 /// The test targets and the demo, by name, with arguments that keep them
 /// busy for `seconds` or more.
 pub fn own_targets(seconds: u64) -> Vec<(&'static str, std::path::PathBuf, Vec<String>)> {
-    let ms = (seconds * 1000 + 5000).to_string();
+    // Long enough for the recording, its unwinding at each size (slow in a
+    // debug build) and `auto`'s measurement after it; killed when done.
+    let ms = (seconds * 1000 + 120_000).to_string();
     vec![
         (
             "demo_workload",
             rust_bin("demo_workload"),
-            vec![(seconds + 5).to_string(), "--wait-for-go".into()],
+            vec![(seconds + 120).to_string(), "--wait-for-go".into()],
         ),
         (
             "unwind_nofp",
