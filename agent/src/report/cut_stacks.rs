@@ -387,25 +387,10 @@ impl Samples {
 
 #[cfg(test)]
 mod tests {
-    use super::super::samples::parse;
     use super::*;
 
-    /// perf script's output of a DWARF run: (tid, frames) per sample.
     fn run(samples: &[(u32, &str)]) -> Samples {
-        let mut text = String::from("# cmdline : perf record --call-graph dwarf,1024\n");
-        for (k, (tid, frames)) in samples.iter().enumerate() {
-            text.push_str(&format!(" {tid} 1.{k:09}: \n"));
-            for f in frames.split(';') {
-                let object = if f == "[unknown]" {
-                    "[unknown]"
-                } else {
-                    "/srv"
-                };
-                text.push_str(&format!("\t1 {f} ({object})\n"));
-            }
-            text.push('\n');
-        }
-        parse(text.as_bytes()).unwrap()
+        super::super::samples::dwarf_run(samples)
     }
 
     /// Gives sample `k` its frames' CFAs, as `attach_cfas` would.

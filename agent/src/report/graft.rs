@@ -1,19 +1,26 @@
-//! Cut DWARF stacks completed from the same thread's complete stacks.
+//! Cut DWARF stacks completed from other stacks, in two ways.
 //!
 //! A DWARF sample holds a fixed copy of the thread's stack (`dwarf,SIZE`),
 //! and perf's unwinder stops where the copy ends. What lies beyond it is
-//! the outermost part of the stack: the frames from the thread's start to
-//! its main loop (`_start; main; PostmasterMain; ...; PostgresMain`), which
-//! hold big frames and stay the same for the thread's whole life.
-//! Measured (docs/unwinding.md, "How much stack a sample needs"): at 2048
-//! bytes, every cut nginx sample still named `ngx_http_core_run_phases` or
-//! `main`, and lost only the frames below; PostgreSQL at 4096 lost 1 to 5
-//! frames below `PostgresMain`.
+//! the outer part of the stack: the frames from the thread's start to its
+//! main loop (`_start; main; PostmasterMain; ...; PostgresMain`), which
+//! hold big frames and stay the same for the thread's whole life, and, in
+//! a program with deep stacks, the frames of the work in hand (PostgreSQL's
+//! executor, planner and parser). Measured (docs/unwinding.md, "How much
+//! stack a sample needs"): at 2048 bytes, every cut nginx sample still
+//! named `ngx_http_core_run_phases` or `main`, and lost only the frames
+//! below; PostgreSQL at 4096 lost 1 to 5 frames below `PostgresMain`.
 //!
-//! So a cut stack is completed with the outer frames of a complete stack
-//! of the same thread (one that ends in a thread-start frame) that passes
-//! through the cut stack's outermost frames. Only the same thread's stacks
-//! are used: another thread's outer frames are another start. The report
+//! * [`Links`]: by the frames' places on the stack, their CFAs
+//!   (report/cfa.rs). The cut stack's outermost frame is followed out
+//!   through the callers other stacks had at the same place, in any thread
+//!   or process whose stack lies at the same addresses (a forked one).
+//! * [`Complete`]: by names, from a complete stack of the same thread (one
+//!   that ends in a thread-start frame) that passes through the cut
+//!   stack's outermost frames. Only the same thread's stacks are used:
+//!   another thread's outer frames are another start.
+//!
+//! report/cut_stacks.rs tries the first, then the second. The report
 //! counts the stacks it completed (`Samples::grafted`, shown on the page
 //! and as `file_grafted_stacks` in `--json`).
 
@@ -168,6 +175,9 @@ impl<'a, T: Eq + Hash + Clone> Complete<'a, T> {
 /// A frame at its place on the stack: (frame, CFA).
 type Node<F> = (F, u64);
 
+/// (the callee's node, the callee's address, the node).
+type AfterCallee<F> = (Node<F>, u64, Node<F>);
+
 /// A node's caller (`None`: the node was a thread's first frame) and how
 /// many stacks had it.
 type Caller<F> = (Option<Node<F>>, u32);
@@ -199,7 +209,7 @@ pub struct Links<F> {
     next: HashMap<Node<F>, Vec<Caller<F>>>,
     /// (callee's node, the callee's address, node) → the same, for the
     /// stacks where the node had called that callee from that address.
-    after: HashMap<(Node<F>, u64, Node<F>), Vec<Caller<F>>>,
+    after: HashMap<AfterCallee<F>, Vec<Caller<F>>>,
 }
 
 impl<F> Default for Links<F> {

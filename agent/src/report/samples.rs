@@ -582,6 +582,27 @@ fn frame_name(line: &str) -> (String, &str) {
     (sym, dso)
 }
 
+/// perf script's output of a DWARF run made of `samples`, (tid, frames
+/// leaf first with `;` between), each frame in `/srv` (`[unknown]` in no
+/// object), read by [`parse`]: for the tests of the stacks' completion.
+#[cfg(test)]
+pub(super) fn dwarf_run(samples: &[(u32, &str)]) -> Samples {
+    let mut text = String::from("# cmdline : perf record --call-graph dwarf,1024\n");
+    for (k, (tid, frames)) in samples.iter().enumerate() {
+        text.push_str(&format!(" {tid} 1.{k:09}: \n"));
+        for f in frames.split(';') {
+            let object = if f == "[unknown]" {
+                "[unknown]"
+            } else {
+                "/srv"
+            };
+            text.push_str(&format!("\t1 {f} ({object})\n"));
+        }
+        text.push('\n');
+    }
+    parse(text.as_bytes()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

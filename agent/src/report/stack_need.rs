@@ -471,23 +471,8 @@ mod tests {
         assert_eq!(smallest_whole(CHOICES, &mut high), (512, 100.0));
     }
 
-    /// perf script's output for samples of (tid, frames), leaf first, in
-    /// a DWARF run.
     fn run(samples: &[(u32, &str)]) -> Samples {
-        let mut text = String::from("# cmdline : /usr/bin/perf record --call-graph dwarf,32768\n");
-        for (k, (tid, frames)) in samples.iter().enumerate() {
-            text.push_str(&format!(" {tid} 1.{k:09}: \n"));
-            for f in frames.split(';') {
-                let object = if f == "[unknown]" {
-                    "[unknown]"
-                } else {
-                    "/srv"
-                };
-                text.push_str(&format!("\t1 {f} ({object})\n"));
-            }
-            text.push('\n');
-        }
-        super::super::samples::parse(text.as_bytes()).unwrap()
+        super::super::samples::dwarf_run(samples)
     }
 
     #[test]
