@@ -164,8 +164,9 @@ pub struct RunArgs {
     /// copy of SIZE bytes of stack per sample, default 8192), or `auto`:
     /// `fp` when the traced code keeps frame pointers; else DWARF, its copy
     /// size measured on the running target first (0.5 s: the smallest
-    /// size that keeps 99% of its samples whole), or 4096 where nothing
-    /// runs to measure. A call-graph option after `--` decides instead of
+    /// size that keeps 99% of its samples whole once the report completes
+    /// cut stacks, 1024 at least if a traced thread did not run), or 4096
+    /// where nothing runs to measure. A call-graph option after `--` decides instead of
     /// `auto`. [default: auto]
     #[arg(long, value_name = "MODE", value_parser = parse_request)]
     pub call_graph: Option<CallGraph>,
