@@ -668,13 +668,7 @@ fn all_folded(out: &Path) -> Vec<(Vec<String>, u64)> {
             if p.is_dir() {
                 dirs.push(p);
             } else if p.to_string_lossy().ends_with(".all.folded") {
-                for l in fs::read_to_string(&p).unwrap().lines() {
-                    let Some((stack, n)) = l.rsplit_once(' ') else {
-                        continue;
-                    };
-                    let frames = stack.split(';').map(str::to_string).collect();
-                    lines.push((frames, n.parse().unwrap_or(0)));
-                }
+                lines.extend(read_folded(&p));
             }
         }
     }

@@ -18,9 +18,9 @@
 use std::{
     collections::HashMap,
     fs::File,
-    io::{BufReader, Read as _, Seek as _, SeekFrom},
+    io::{BufReader, Read as _},
     ops::Range,
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
 };
 
@@ -37,7 +37,10 @@ use linux_perf_data::{
 };
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
-use crate::sys::safe_open::{Dir, Scope};
+use crate::{
+    capture::build_id_cache,
+    sys::safe_open::{Dir, Scope},
+};
 
 /// What the unwinder reads for an address past the end of a stack copy: a
 /// return address no code has (the top of the non-canonical hole), so
@@ -98,14 +101,6 @@ impl Unwinds {
         let list = self.samples.get_mut(&(tid, time_ns))?;
         (!list.is_empty()).then(|| list.remove(0))
     }
-
-    pub fn len(&self) -> usize {
-        self.samples.values().map(Vec::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Unwinds every sample of `file` that carries a user stack copy and user
@@ -113,8 +108,8 @@ impl Unwinds {
 /// by the build-id perf recorded) when it holds them, else from their
 /// paths when their build-id matches. Errors: the file is not perf.data.
 pub fn unwind(file: &File, buildid_dir: Option<&Path>) -> Result<Unwinds, String> {
-    let mut f = super::jitdump::reopen(file).map_err(|e| e.to_string())?;
-    f.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    // A description of its own, at offset 0: the caller's offset stays.
+    let f = super::jitdump::reopen(file).map_err(|e| e.to_string())?;
     let reader = PerfFileReader::parse_file(BufReader::with_capacity(1 << 20, f))
         .map_err(|e| format!("reading perf.data: {e}"))?;
     let PerfFileReader {
@@ -513,17 +508,15 @@ impl Loader {
     /// The object: the build-id cache's copy, else the file at its path
     /// if it is the one recorded (same build-id, where one was).
     fn open(&self, path: &[u8], build_id: Option<&[u8]>) -> Option<File> {
-        let hex = build_id.map(crate::capture::build_id_cache::hex);
+        let path = Path::new(std::str::from_utf8(path).ok()?);
+        let hex = build_id.map(build_id_cache::hex);
         if let (Some(dir), Some(hex)) = (&self.cache_dir, &hex) {
-            let rel = PathBuf::from(".build-id")
-                .join(&hex[..2])
-                .join(&hex[2..])
-                .join("elf");
-            if let Ok(o) = dir.open_file(&rel, Scope::InRoot) {
+            // The cache's `.build-id` link, relative to its root.
+            let (_, link, _) = build_id_cache::layout(Path::new(""), path, hex);
+            if let Ok(o) = dir.open_file(&link.join("elf"), Scope::InRoot) {
                 return Some(o.file);
             }
         }
-        let path = Path::new(std::str::from_utf8(path).ok()?);
         let mut o = crate::sys::safe_open::open_labelled(path).ok()?;
         let mut magic = [0u8; 4];
         (o.file.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF").then_some(())?;

@@ -58,7 +58,7 @@ impl Samples {
             let Some(u) = unwinds.take(s.tid, s.time_ns) else {
                 continue;
             };
-            let range = s.start as usize..(s.start + s.len) as usize;
+            let range = s.range();
             let perf: Vec<(u64, &str)> = range
                 .clone()
                 .map(|i| {
@@ -90,7 +90,7 @@ impl Samples {
             if s.user_sp == 0 {
                 continue;
             }
-            let range = s.start as usize..(s.start + s.len) as usize;
+            let range = s.range();
             let kernel = range
                 .clone()
                 .take_while(|&i| {
@@ -135,7 +135,6 @@ impl Samples {
             .collect();
         let n = self.samples.len() + self.sched_switch_samples.len();
         let all: Vec<Sample> = (0..n).map(|k| *self.sample_at(k)).collect();
-        let range = |s: &Sample| s.start as usize..(s.start + s.len) as usize;
         let ends_at_start = |s: &[(u32, u32)]| s.last().is_some_and(|&(f, _)| start[f as usize]);
         let links = self.links(
             all.iter()
@@ -145,7 +144,7 @@ impl Samples {
             &donated,
         );
         // Every complete stack is a reference, a frame-pointer one too.
-        let own = all.iter().map(|s| (s.tid, &pairs[range(s)]));
+        let own = all.iter().map(|s| (s.tid, &pairs[s.range()]));
         let given = donated.iter().map(|d| (d.tid, d.frames.as_slice()));
         let complete = complete_by_thread(own.chain(given).filter(|(_, s)| ends_at_start(s)));
         let mut grown = Vec::new();
@@ -157,7 +156,7 @@ impl Samples {
                 grown.push((k, stack));
                 continue;
             }
-            let cut = &pairs[range(s)];
+            let cut = &pairs[s.range()];
             let Some(refs) = complete.get(&s.tid).filter(|_| !ends_at_start(cut)) else {
                 continue;
             };
@@ -185,7 +184,7 @@ impl Samples {
         s: &Sample,
         unknown: Option<u32>,
     ) -> Option<Vec<(u32, u32)>> {
-        let range = s.start as usize..(s.start + s.len) as usize;
+        let range = s.range();
         let garbage = |i: &usize| Some(self.frames[*i]) == unknown && self.frame_cfas[*i] == 0;
         let kept = range.len() - range.clone().rev().take_while(garbage).count();
         let last = (range.start + kept)
@@ -206,18 +205,21 @@ impl Samples {
     /// functions).
     fn link_frame(&self, i: usize) -> LinkFrame {
         let f = (self.frames[i], self.frame_objects[i]);
+        self.link_key(f, self.frame_functions[i])
+    }
+
+    /// (frame, object) `f` with its function's start where perf named it
+    /// by its object only.
+    fn link_key(&self, f: (u32, u32), function: u64) -> LinkFrame {
         let unnamed = self.names[f.0 as usize].starts_with('[');
-        (f, if unnamed { self.frame_functions[i] } else { 0 })
+        (f, if unnamed { function } else { 0 })
     }
 
     /// Which samples (CPU ones first, then `sched_switch` ones, by index)
     /// carry DWARF copies, from perf's command line; `None`: none do.
     fn dwarf_copies(&self) -> Option<impl Fn(usize) -> bool + use<>> {
-        let cmdline = self.cmdline.as_deref().unwrap_or("");
-        let cpu_dwarf = ["--call-graph dwarf", "--call-graph=dwarf"]
-            .iter()
-            .any(|o| cmdline.contains(o));
-        let switch_dwarf = cpu_dwarf || cmdline.contains("sched_switch/call-graph=dwarf");
+        let (cpu_dwarf, switch_dwarf) =
+            super::samples::dwarf_copies(self.cmdline.as_deref().unwrap_or(""));
         let cpu = self.samples.len();
         switch_dwarf.then_some(move |k: usize| if k < cpu { cpu_dwarf } else { switch_dwarf })
     }
@@ -231,7 +233,7 @@ impl Samples {
         let mut links = Links::default();
         let mut stack = Vec::new();
         for s in with_copies {
-            let range = s.start as usize..(s.start + s.len) as usize;
+            let range = s.range();
             stack.clear();
             stack.extend(
                 range
@@ -244,9 +246,8 @@ impl Samples {
             let at = |v: &[u64], i: usize| v.get(i).copied();
             stack.clear();
             stack.extend(d.frames.iter().enumerate().map(|(i, &f)| {
-                let unnamed = self.names[f.0 as usize].starts_with('[');
-                let function = at(&d.functions, i).filter(|_| unnamed).unwrap_or(0);
-                ((f, function), d.cfas[i])
+                let function = at(&d.functions, i).unwrap_or(0);
+                (self.link_key(f, function), d.cfas[i])
             }));
             let ips: Vec<u64> = (0..d.frames.len())
                 .map(|i| at(&d.ips, i).unwrap_or(u64::MAX))
@@ -296,7 +297,7 @@ impl Samples {
         };
         let mut bytes = 0;
         for (_, s) in self.samples.iter().enumerate().filter(|(i, _)| kept(*i)) {
-            let range = s.start as usize..(s.start + s.len) as usize;
+            let range = s.range();
             let stack = self.stack(s);
             let cfas = &self.frame_cfas[range.clone()];
             let named = stack.last().is_some_and(|&f| graft::is_start(self.name(f)));
@@ -315,20 +316,21 @@ impl Samples {
             if bytes > max_bytes {
                 break;
             }
+            // Without places, the addresses and function starts serve
+            // nothing either.
+            let placed = |v: &[u64]| {
+                if with_cfas {
+                    v[range.clone()].to_vec()
+                } else {
+                    Vec::new()
+                }
+            };
             out.stacks.push(DonorStack {
                 tid: s.tid,
                 frames,
-                cfas: if with_cfas { cfas.to_vec() } else { Vec::new() },
-                ips: if with_cfas {
-                    self.frame_ips[range.clone()].to_vec()
-                } else {
-                    Vec::new()
-                },
-                functions: if with_cfas {
-                    self.frame_functions[range].to_vec()
-                } else {
-                    Vec::new()
-                },
+                cfas: placed(&self.frame_cfas),
+                ips: placed(&self.frame_ips),
+                functions: placed(&self.frame_functions),
                 reached_end: s.reached_end,
             });
         }

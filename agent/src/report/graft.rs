@@ -304,10 +304,6 @@ impl<F: Eq + Hash + Clone> Links<F> {
         }
         None
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.next.is_empty()
-    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,13 @@ pub struct Sample {
     pub user_sp: u64,
 }
 
+impl Sample {
+    /// Where its frames are in [`Samples`]' per-frame vectors.
+    pub(super) fn range(&self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+}
+
 /// A `sched:sched_switch` sample: taken in the thread's context just
 /// before it leaves the CPU, with its call chain (kernel frames, then user
 /// frames) and the thread's state (`prev_state`: `S`, `D`, `R`, `R+`...).
@@ -115,12 +122,7 @@ pub struct Samples {
 impl Samples {
     /// A sample's call chain, leaf first, as frame ids.
     pub fn stack(&self, s: &Sample) -> &[u32] {
-        &self.frames[s.start as usize..(s.start + s.len) as usize]
-    }
-
-    /// A sample's frames' CFAs, parallel to [`Self::stack`] (0: unknown).
-    pub fn cfas(&self, s: &Sample) -> &[u64] {
-        &self.frame_cfas[s.start as usize..(s.start + s.len) as usize]
+        &self.frames[s.range()]
     }
 
     /// A frame id's name.
@@ -132,7 +134,7 @@ impl Samples {
     /// the file perf names for each frame (`/usr/lib/libc.so.6`,
     /// `[kernel.kallsyms]`, `[unknown]`).
     pub fn objects(&self, s: &Sample) -> impl Iterator<Item = &str> {
-        self.frame_objects[s.start as usize..(s.start + s.len) as usize]
+        self.frame_objects[s.range()]
             .iter()
             .map(|&i| self.objects[i as usize].as_str())
     }
@@ -240,7 +242,7 @@ pub fn read(
     // Without their places on the stack, cut stacks are completed by names
     // alone: a file that cannot be read again is not an error.
     let unwinds = cmdline
-        .is_some_and(has_dwarf_copies)
+        .is_some_and(|c| dwarf_copies(c).1)
         .then(|| cfa::unwind(input, buildid_dir).ok())
         .flatten();
     match injected {
@@ -329,17 +331,18 @@ pub fn read_plain(perf: &Path, file: &Path) -> Result<Samples, String> {
     run_script(perf, &mut cmd)
 }
 
-/// Whether perf's command line asks for DWARF stack copies: of the CPU
-/// samples (`--call-graph dwarf`) or of the off-CPU breakdown's
-/// `sched_switch` ones.
-pub fn has_dwarf_copies(cmdline: &str) -> bool {
-    [
-        "--call-graph dwarf",
-        "--call-graph=dwarf",
-        "call-graph=dwarf",
-    ]
-    .iter()
-    .any(|o| cmdline.contains(o))
+/// Which samples perf's command line gives DWARF stack copies: (the CPU
+/// samples, with `--call-graph dwarf`; the `sched_switch` ones, then and
+/// when their event has its own, `sched:sched_switch/call-graph=dwarf,...`,
+/// the off-CPU breakdown of a frame-pointer run).
+pub fn dwarf_copies(cmdline: &str) -> (bool, bool) {
+    let cpu = ["--call-graph dwarf", "--call-graph=dwarf"]
+        .iter()
+        .any(|o| cmdline.contains(o));
+    (
+        cpu,
+        cpu || cmdline.contains("sched_switch/call-graph=dwarf"),
+    )
 }
 
 /// Runs the `perf script` command `cmd` (stdout and stderr piped) and

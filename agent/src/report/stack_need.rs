@@ -35,7 +35,11 @@ pub use super::{
     jitdump::data_section,
     samples::{Samples, parse as parse_samples},
 };
-use crate::{output::run_file::StackDonors, perf::unwind::Measured};
+use crate::{
+    output::run_file::StackDonors,
+    perf::unwind::Measured,
+    sys::proc::{is_alive, threads},
+};
 
 /// The copy the reference recording asks for, bytes: 32 KiB, which a sample
 /// record (at most 64 KiB, its size being a `u16`) holds without the kernel
@@ -114,7 +118,8 @@ pub fn measure(
         let full = read(perf, &file)?;
         let donors = full.whole_stacks(DONOR_BYTES);
         let sampled: HashSet<u32> = full.samples.iter().map(|s| s.tid).collect();
-        let unseen = threads_of(pids).difference(&sampled).count();
+        let threads: HashSet<u32> = pids.iter().flat_map(|&p| threads(p)).collect();
+        let unseen = threads.difference(&sampled).count();
         let floor = if unseen > 0 { UNSEEN_FLOOR } else { 0 };
         Ok((choose(&full, floor), donors, full.samples.len(), unseen))
     });
@@ -142,18 +147,6 @@ pub fn measure(
 /// at 512, 45.5% at 768 and 100% at 1024.
 pub const UNSEEN_FLOOR: u64 = 1024;
 
-/// The threads of `pids` now (`/proc/PID/task`).
-fn threads_of(pids: &[i32]) -> HashSet<u32> {
-    let mut out = HashSet::new();
-    for pid in pids {
-        let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        out.extend(dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()));
-    }
-    out
-}
-
 /// A recording read as the report reads a snapshot: perf's stacks
 /// (`samples::read_plain`), with their frames' places on the stack
 /// (report/cfa.rs).
@@ -171,23 +164,14 @@ pub fn read(perf: &Path, file: &Path) -> Result<Samples, String> {
 /// between its listing and perf's start, so the processes still there are
 /// recorded, and once more if perf failed and one had gone in between.
 fn record(perf: &Path, pids: &[i32], freq: u32, file: &Path) -> Result<(), String> {
-    let alive = || -> Vec<i32> { pids.iter().copied().filter(|&p| running(p)).collect() };
+    // perf refuses an exited process that its parent has not reaped yet
+    // too: only those neither gone nor zombies (`sys::proc::is_alive`).
+    let alive = || -> Vec<i32> { pids.iter().copied().filter(|&p| is_alive(p)).collect() };
     let first = alive();
     match record_once(perf, &first, freq, file) {
         Err(_) if alive().len() < first.len() => record_once(perf, &alive(), freq, file),
         done => done,
     }
-}
-
-/// Whether process `pid` runs: it exists and is not a zombie (perf
-/// refuses an exited process that its parent has not reaped yet too).
-fn running(pid: i32) -> bool {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // `pid (comm) S ...`: the state follows the last ')'.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, r)| r.trim_start().chars().next());
-    state.is_some_and(|c| c != 'Z' && c != 'X')
 }
 
 fn record_once(perf: &Path, pids: &[i32], freq: u32, file: &Path) -> Result<(), String> {

@@ -130,6 +130,16 @@ pub fn parse_ns_pid(status: &str) -> Option<i32> {
     line.split_whitespace().last()?.parse().ok()
 }
 
+/// The threads of process `pid` now (`/proc/PID/task`); none where it is
+/// gone.
+pub fn threads(pid: i32) -> Vec<u32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
 /// `pid`'s descendants alive now, children before grandchildren, at most
 /// `max`: from `/proc/PID/task/TID/children` (proc(5); Linux 3.5+ with
 /// `CONFIG_PROC_CHILDREN`, empty without it).
