@@ -14,7 +14,7 @@
 use std::{
     collections::HashSet,
     fs,
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::PathBuf,
     sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
@@ -725,22 +725,11 @@ impl Recorder {
     /// gets its name back; the hidden name goes either way.
     fn take_back_name(&mut self) -> Option<String> {
         let name = self.kept.take()?;
-        let (path, kept) = (self.dir.join(&name), self.dir.join(kept_name(&name)));
-        if path.exists()
-            && kept.exists()
-            && !same_file(&path, &kept)
-            && let Some(next) = next_free_name(&self.dir, &name)
-            && fs::rename(&path, self.dir.join(&next)).is_ok()
-        {
-            self.printer.verbose(&format!(
-                "perf's last file took the name of snapshot {name}: moved to {next}"
-            ));
-            if fs::rename(&kept, &path).is_ok() {
-                return Some(next);
-            }
-        }
-        let _ = fs::remove_file(&kept);
-        None
+        let next = reclaim_name(&self.dir, &name)?;
+        self.printer.verbose(&format!(
+            "perf's last file took the name of snapshot {name}: moved to {next}"
+        ));
+        Some(next)
     }
 
     /// Hands a completed snapshot to the index thread with the kernel's
@@ -934,9 +923,14 @@ impl Indexing {
                 self.failed(e);
             }
         }
-        let path = self.dir.join(&snap.file);
-        snap.bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        read_facts(&path, &mut snap, self.off_cpu, self.ring_bytes);
+        match open_completed(&self.dir, &snap.file) {
+            Some(file) => {
+                snap.bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+                let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                read_facts(&path, &mut snap, self.off_cpu, self.ring_bytes);
+            }
+            None => log::debug!("{} is gone before it was read", snap.file),
+        }
         mark_calls_before(&mut snap);
         // JIT code has no file: its names are kept before the index lists
         // the snapshot, for a report that reads it at once.
@@ -1100,7 +1094,6 @@ impl Indexer {
     }
 }
 
-/// The hidden second name of the newest completed file.
 /// Whether two paths name one file (the same inode on the same device).
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt as _;
@@ -1113,6 +1106,7 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
 /// The hidden second name of the file perf writes now.
 const OPEN_LINK: &str = ".perf.data.open";
 
+/// The hidden second name of the newest completed file.
 fn kept_name(name: &str) -> String {
     format!(".{name}.kept")
 }
@@ -1124,6 +1118,43 @@ fn next_free_name(dir: &std::path::Path, name: &str) -> Option<String> {
     (1..100)
         .map(|k| format!("perf.data.{}", stamp + k))
         .find(|n| !dir.join(n).exists())
+}
+
+/// Opens the completed file `name` by its hidden name while it has one
+/// ([`kept_name`]): perf's last file can hold `name` until the recorder
+/// takes it back ([`reclaim_name`]).
+fn open_completed(dir: &std::path::Path, name: &str) -> Option<fs::File> {
+    fs::File::open(dir.join(kept_name(name)))
+        .or_else(|_| fs::File::open(dir.join(name)))
+        .ok()
+}
+
+/// If another file took `name` from the file under its hidden name
+/// ([`kept_name`]), that file moves to the next free name (returned) and
+/// `name` goes back to the hidden one; the hidden name goes either way.
+///
+/// `name` names a file at every instant (a link to the next name, then a
+/// rename over `name`): the index thread drops from the index a listed
+/// file it finds missing, and CI once caught it between the two renames
+/// this did before (stop 40: the hit snapshot was listed as deleted).
+fn reclaim_name(dir: &std::path::Path, name: &str) -> Option<String> {
+    let (path, kept) = (dir.join(name), dir.join(kept_name(name)));
+    let moved = if path.exists() && kept.exists() && !same_file(&path, &kept) {
+        next_free_name(dir, name).and_then(|next| {
+            // link() never replaces a file that took `next` meanwhile.
+            fs::hard_link(&path, dir.join(&next)).ok()?;
+            if fs::rename(&kept, &path).is_ok() {
+                Some(next)
+            } else {
+                let _ = fs::remove_file(dir.join(&next));
+                None
+            }
+        })
+    } else {
+        None
+    };
+    let _ = fs::remove_file(&kept);
+    moved
 }
 
 /// Reads a completed snapshot file: its sample span, and with the off-CPU
@@ -1243,6 +1274,59 @@ mod tests {
         // Once the failure is recorded, it is not overdue twice.
         p.end(EndReason::Failed, t0 + READY_TIMEOUT + S).failure = Some(Failure::runtime("x"));
         assert!(!p.ready_overdue(t0, t0 + 2 * READY_TIMEOUT));
+    }
+
+    #[test]
+    fn a_taken_name_goes_back_and_never_goes_missing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let name = "perf.data.2026120417382307";
+        let (path, kept) = (dir.join(name), dir.join(kept_name(name)));
+        fs::write(&path, "").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // What the index thread does: a listed file it finds missing is
+        // listed as deleted.
+        let watcher = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut missing = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    missing += usize::from(!path.exists());
+                }
+                missing
+            })
+        };
+        for round in 0..500 {
+            for f in dir.read_dir().unwrap() {
+                let f = f.unwrap().path();
+                if f != path {
+                    fs::remove_file(f).unwrap();
+                }
+            }
+            // The snapshot under its hidden name; perf's last file took
+            // the name (rename() over it, as perf does).
+            fs::write(&kept, format!("snapshot {round}")).unwrap();
+            let last = dir.join("perf.data");
+            fs::write(&last, "perf's last file").unwrap();
+            fs::rename(&last, &path).unwrap();
+            let next = reclaim_name(dir, name).unwrap();
+            assert_eq!(next, "perf.data.2026120417382308");
+            assert_eq!(
+                fs::read_to_string(&path).unwrap(),
+                format!("snapshot {round}")
+            );
+            assert_eq!(
+                fs::read_to_string(dir.join(&next)).unwrap(),
+                "perf's last file"
+            );
+            assert!(!kept.exists());
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(watcher.join().unwrap(), 0, "the name went missing");
+        // Nothing took the name: the hidden name just goes.
+        fs::hard_link(&path, &kept).unwrap();
+        assert_eq!(reclaim_name(dir, name), None);
+        assert!(!kept.exists() && path.exists());
     }
 
     #[test]
