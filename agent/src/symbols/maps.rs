@@ -138,7 +138,7 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
         } else {
             PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
         };
-        let deleted = m.deleted || (!is_main && !same_inode(&proc::in_root(pid, &m.path), m.inode));
+        let deleted = m.deleted || (!is_main && replaced_on_disk(pid, &m.path, m.inode));
         objects.push(MappedObject {
             path: m.path.clone(),
             open_path,
@@ -152,10 +152,18 @@ pub fn objects(pid: i32, maps: &[Mapping], exe_inode: Option<u64>) -> Vec<Mapped
     objects
 }
 
-/// Whether `path` (under /proc/PID/root, resolved inside the target's
-/// root) is still the mapped file, or was replaced on disk.
-fn same_inode(path: &Path, inode: u64) -> bool {
-    crate::sys::safe_open::stat_labelled(path).is_ok_and(|m| m.ino() == inode)
+/// Whether `path`, resolved inside the target's root (/proc/PID/root), no
+/// longer names the mapped file `inode`: replaced or deleted on disk.
+///
+/// False once the target's root is gone: a process that is exiting loses
+/// it (`exit_fs`, kernel/exit.c) after its maps were read, and nothing is
+/// known of the file then. Counting that as "replaced" warned of a
+/// replaced ld-linux in CI as a test target exited (stop 40).
+fn replaced_on_disk(pid: i32, path: &Path, inode: u64) -> bool {
+    match crate::sys::safe_open::stat_labelled(&proc::in_root(pid, path)) {
+        Ok(m) => m.ino() != inode,
+        Err(_) => fs::metadata(format!("/proc/{pid}/root")).is_ok(),
+    }
 }
 
 /// Reads the target's maps and returns its mapped objects.
@@ -199,6 +207,25 @@ mod tests {
         let deleted = objs.iter().find(|o| o.inode == 9999).unwrap();
         assert!(deleted.deleted);
         assert!(deleted.open_path.starts_with("/proc/1/map_files/"));
+    }
+
+    #[test]
+    fn a_file_is_replaced_only_while_the_target_can_tell() {
+        let lib = Path::new("/proc/self/exe").canonicalize().unwrap();
+        let inode = fs::metadata(&lib).unwrap().ino();
+        let me = std::process::id() as i32;
+        assert!(!replaced_on_disk(me, &lib, inode));
+        assert!(replaced_on_disk(me, &lib, inode + 1));
+        assert!(replaced_on_disk(
+            me,
+            Path::new("/nonexistent/lib.so"),
+            inode
+        ));
+        // A process that exited: its root is gone, so nothing is known.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!replaced_on_disk(gone, &lib, inode + 1));
     }
 
     #[test]
