@@ -688,13 +688,7 @@ fn all_folded(out: &Path) -> Vec<(Vec<String>, u64)> {
 #[test]
 fn forked_workers_cut_stacks_are_completed_by_their_frames_places() {
     let mut t = Target::start(&target_path("deepfork"), &["3", "400"]);
-    let pid = t.pid().to_string();
-    let mut agent = Agent::start(&["--pid", &pid, "--symbol", "trigger", "--json"]);
-    agent.wait_armed();
-    t.go();
-    t.wait(Duration::from_secs(60));
-    let run = agent.finish(FINISH);
-    assert_eq!(run.code, Some(0), "{}", run.output());
+    let run = capture(&mut t, &["--symbol", "trigger"]);
     let a = armed(&run);
     let bytes = a["unwinding"]["copy_measured"]["bytes"]
         .as_u64()

@@ -14,7 +14,7 @@
 use std::{
     collections::HashSet,
     fs,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::PathBuf,
     sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
@@ -926,8 +926,7 @@ impl Indexing {
         match open_completed(&self.dir, &snap.file) {
             Some(file) => {
                 snap.bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-                let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-                read_facts(&path, &mut snap, self.off_cpu, self.ring_bytes);
+                read_facts(file, &mut snap, self.off_cpu, self.ring_bytes);
             }
             None => log::debug!("{} is gone before it was read", snap.file),
         }
@@ -1157,12 +1156,12 @@ fn reclaim_name(dir: &std::path::Path, name: &str) -> Option<String> {
     moved
 }
 
-/// Reads a completed snapshot file: its sample span, and with the off-CPU
+/// Reads a completed snapshot file, open as `file`: its sample span, and with the off-CPU
 /// breakdown (`off_cpu`, the window before a hit without a duration) what
 /// the file does not show (`ring_bytes`: a flight recorder's ring) and each
 /// hit's breakdown. Left unset, logged, when the file cannot be read.
 fn read_facts(
-    path: &std::path::Path,
+    file: fs::File,
     snap: &mut Snapshot,
     off_cpu: Option<Duration>,
     ring_bytes: Option<u64>,
@@ -1171,10 +1170,10 @@ fn read_facts(
         Some(_) => snap.hits.iter().map(|h| h.tid).collect(),
         None => Vec::new(),
     };
-    let facts = match data::read_facts(path, &tids) {
+    let facts = match data::read_facts(file, &tids) {
         Ok(f) => f,
         Err(e) => {
-            log::debug!("reading the samples of {}: {e:#}", path.display());
+            log::debug!("reading the samples of {}: {e:#}", snap.file);
             return;
         }
     };

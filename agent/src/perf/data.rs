@@ -18,7 +18,7 @@
 //!
 //! Parsing uses the `linux-perf-data` crate (docs/dependencies.md).
 
-use std::{collections::HashMap, fs::File, io::BufReader, path::Path};
+use std::{collections::HashMap, fs::File, io::BufReader};
 
 use linux_perf_data::{
     PerfFileReader, PerfFileRecord,
@@ -171,10 +171,11 @@ impl Coverage {
     }
 }
 
-/// Reads the sample span of a perf.data file and the context-switch records
-/// of the threads in `tids`. Errors: unreadable or malformed files.
-pub fn read_facts(path: &Path, tids: &[u32]) -> anyhow::Result<FileFacts> {
-    let file = BufReader::new(File::open(path)?);
+/// Reads the sample span of an open perf.data file (read from its start)
+/// and the context-switch records of the threads in `tids`. Errors:
+/// unreadable or malformed files.
+pub fn read_facts(file: File, tids: &[u32]) -> anyhow::Result<FileFacts> {
+    let file = BufReader::new(file);
     let PerfFileReader {
         mut perf_file,
         mut record_iter,
@@ -342,6 +343,6 @@ mod tests {
     fn a_file_that_is_not_perf_data_is_an_error() {
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(tmp.path(), b"not a perf file").unwrap();
-        assert!(read_facts(tmp.path(), &[]).is_err());
+        assert!(read_facts(File::open(tmp.path()).unwrap(), &[]).is_err());
     }
 }

@@ -170,27 +170,12 @@ impl State {
                     Mmap2FileId::InodeAndVersion(_) => None,
                 };
                 let exec = m.protection & libc::PROT_EXEC as u32 != 0;
-                let path = m.path.as_slice().to_vec();
-                self.map(
-                    m.pid,
-                    m.address..m.address + m.length,
-                    m.page_offset,
-                    path,
-                    build_id,
-                    exec,
-                );
+                let at = (m.address..m.address + m.length, m.page_offset);
+                self.map(m.pid, at, m.path.as_slice().to_vec(), build_id, exec);
             }
             EventRecord::Mmap(m) => {
-                let path = m.path.as_slice().to_vec();
-                let exec = m.is_executable;
-                self.map(
-                    m.pid,
-                    m.address..m.address + m.length,
-                    m.page_offset,
-                    path,
-                    None,
-                    exec,
-                );
+                let at = (m.address..m.address + m.length, m.page_offset);
+                self.map(m.pid, at, m.path.as_slice().to_vec(), None, m.is_executable);
             }
             EventRecord::Fork(f) if f.pid != f.ppid => {
                 let parent = self.processes.get(&f.ppid).cloned().unwrap_or_default();
@@ -204,11 +189,11 @@ impl State {
         }
     }
 
+    /// Maps `path` in `pid` at (addresses, file offset).
     fn map(
         &mut self,
         pid: i32,
-        avma: Range<u64>,
-        pgoff: u64,
+        (avma, pgoff): (Range<u64>, u64),
         path: Vec<u8>,
         build_id: Option<Vec<u8>>,
         exec: bool,

@@ -18,15 +18,12 @@ use crate::output::run_file::{DonorStack, StackDonors};
 /// function starts where perf could not name it (0 otherwise).
 type LinkFrame = ((u32, u32), u64);
 
-/// A donor's stack of (frame, object) ids, with each frame's CFA (0:
-/// unknown), address and function start, where run.json has them.
-struct Donated {
-    tid: u32,
+/// A donor's stack as (frame, object) ids; its thread, and each frame's
+/// CFA, address and function start where run.json has them, are the
+/// donor's.
+struct Donated<'a> {
     frames: Vec<(u32, u32)>,
-    cfas: Vec<u64>,
-    ips: Vec<u64>,
-    functions: Vec<u64>,
-    reached_end: bool,
+    donor: &'a DonorStack,
 }
 
 /// Each thread's distinct complete stacks, in the order given (the first
@@ -52,8 +49,7 @@ impl Samples {
     /// again, report/cfa.rs): a sample is found by its thread and time,
     /// and its frames matched to perf's by address ([`cfa::align`]).
     pub fn attach_cfas(&mut self, mut unwinds: cfa::Unwinds) {
-        let cpu = self.samples.len();
-        for k in 0..cpu + self.sched_switch_samples.len() {
+        for k in 0..self.sample_count() {
             let s = *self.sample_at(k);
             let Some(u) = unwinds.take(s.tid, s.time_ns) else {
                 continue;
@@ -84,8 +80,7 @@ impl Samples {
     /// stack pointer are left whole.
     pub fn as_if_copied(&self, bytes: u64) -> Samples {
         let mut out = self.clone();
-        let n = out.samples.len() + out.sched_switch_samples.len();
-        for k in 0..n {
+        for k in 0..out.sample_count() {
             let s = *out.sample_at(k);
             if s.user_sp == 0 {
                 continue;
@@ -133,8 +128,9 @@ impl Samples {
             .copied()
             .zip(self.frame_objects.iter().copied())
             .collect();
-        let n = self.samples.len() + self.sched_switch_samples.len();
-        let all: Vec<Sample> = (0..n).map(|k| *self.sample_at(k)).collect();
+        let all: Vec<Sample> = (0..self.sample_count())
+            .map(|k| *self.sample_at(k))
+            .collect();
         let ends_at_start = |s: &[(u32, u32)]| s.last().is_some_and(|&(f, _)| start[f as usize]);
         let links = self.links(
             all.iter()
@@ -145,7 +141,7 @@ impl Samples {
         );
         // Every complete stack is a reference, a frame-pointer one too.
         let own = all.iter().map(|s| (s.tid, &pairs[s.range()]));
-        let given = donated.iter().map(|d| (d.tid, d.frames.as_slice()));
+        let given = donated.iter().map(|d| (d.donor.tid, d.frames.as_slice()));
         let complete = complete_by_thread(own.chain(given).filter(|(_, s)| ends_at_start(s)));
         let mut grown = Vec::new();
         for (k, s) in all.iter().enumerate().filter(|(k, _)| copied(*k)) {
@@ -228,7 +224,7 @@ impl Samples {
     fn links<'a>(
         &self,
         with_copies: impl Iterator<Item = &'a Sample>,
-        donated: &[Donated],
+        donated: &[Donated<'_>],
     ) -> Links<LinkFrame> {
         let mut links = Links::default();
         let mut stack = Vec::new();
@@ -242,14 +238,18 @@ impl Samples {
             );
             links.add(&stack, &self.frame_ips[range], s.reached_end);
         }
-        for d in donated.iter().filter(|d| d.cfas.len() == d.frames.len()) {
+        for (d, frames) in donated
+            .iter()
+            .map(|d| (d.donor, &d.frames))
+            .filter(|(d, frames)| d.cfas.len() == frames.len())
+        {
             let at = |v: &[u64], i: usize| v.get(i).copied();
             stack.clear();
-            stack.extend(d.frames.iter().enumerate().map(|(i, &f)| {
+            stack.extend(frames.iter().enumerate().map(|(i, &f)| {
                 let function = at(&d.functions, i).unwrap_or(0);
                 (self.link_key(f, function), d.cfas[i])
             }));
-            let ips: Vec<u64> = (0..d.frames.len())
+            let ips: Vec<u64> = (0..frames.len())
                 .map(|i| at(&d.ips, i).unwrap_or(u64::MAX))
                 .collect();
             links.add(&stack, &ips, d.reached_end);
@@ -259,7 +259,7 @@ impl Samples {
 
     /// `donors`' stacks as this file's (frame, object) ids; a stack naming
     /// an object `donors` does not hold is left out.
-    fn intern_donors(&mut self, donors: &StackDonors) -> Vec<Donated> {
+    fn intern_donors<'a>(&mut self, donors: &'a StackDonors) -> Vec<Donated<'a>> {
         let objects: Vec<u32> = donors.objects.iter().map(|o| self.object(o)).collect();
         let mut out = Vec::with_capacity(donors.stacks.len());
         for d in &donors.stacks {
@@ -268,14 +268,7 @@ impl Samples {
                 .iter()
                 .map(|(name, o)| Some((self.intern(name), *objects.get(*o as usize)?)))
                 .collect();
-            out.extend(frames.map(|frames| Donated {
-                tid: d.tid,
-                frames,
-                cfas: d.cfas.clone(),
-                ips: d.ips.clone(),
-                functions: d.functions.clone(),
-                reached_end: d.reached_end,
-            }));
+            out.extend(frames.map(|frames| Donated { frames, donor: d }));
         }
         out
     }
@@ -370,7 +363,13 @@ impl Samples {
         }
     }
 
-    /// Sample `k`: CPU samples first, then `sched_switch` ones.
+    /// How many samples there are, CPU and `sched_switch` ones.
+    fn sample_count(&self) -> usize {
+        self.samples.len() + self.sched_switch_samples.len()
+    }
+
+    /// Sample `k` (below [`Self::sample_count`]): CPU samples first, then
+    /// `sched_switch` ones.
     pub(super) fn sample_at(&self, k: usize) -> &Sample {
         match self.samples.get(k) {
             Some(s) => s,

@@ -37,7 +37,7 @@ pub use super::{
 };
 use crate::{
     output::run_file::StackDonors,
-    perf::unwind::Measured,
+    perf::unwind::{Measured, UNSEEN_FLOOR},
     sys::proc::{is_alive, threads},
 };
 
@@ -137,15 +137,6 @@ pub fn measure(
     };
     Ok(Measurement { measured, donors })
 }
-
-/// The smallest copy, bytes, when a traced thread had no sample in the
-/// measurement: the donors hold none of its stacks, so its cut stacks are
-/// completed from its own samples alone, which reach its first frame only
-/// if the copy holds its start-up frames (libc's `start_thread`, Rust's
-/// thread start, its main loop). Measured (docs/unwinding.md, "What `auto`
-/// measures"): the demo's threads, from their own samples, are 6.6% whole
-/// at 512, 45.5% at 768 and 100% at 1024.
-pub const UNSEEN_FLOOR: u64 = 1024;
 
 /// A recording read as the report reads a snapshot: perf's stacks
 /// (`samples::read_plain`), with their frames' places on the stack
